@@ -1,0 +1,3 @@
+from dtrain.cli.app import main
+
+raise SystemExit(main())

@@ -1,0 +1,13 @@
+"""Which network to build."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from dtrain.configio import StrictModel
+
+
+class ModelConfig(StrictModel):
+    arch: Literal["resnet18", "resnet34", "resnet50"] = "resnet18"
+    # A local weights file (state_dict or a dtrain checkpoint); never downloaded.
+    pretrained: str | None = None

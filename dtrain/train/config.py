@@ -1,0 +1,41 @@
+"""The training job's typed configuration (YAML + `--set` overrides via dtrain.configio)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from dtrain.configio import StrictModel
+from dtrain.data.config import DataConfig
+from dtrain.models.config import ModelConfig
+
+
+class OptimConfig(StrictModel):
+    name: Literal["adamw", "sgd"] = "adamw"
+    lr: float = Field(2e-3, gt=0)
+    weight_decay: float = Field(0.05, ge=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    warmup_steps: int = Field(50, ge=0)
+    # Cosine decay to lr * min_lr_ratio at the last step.
+    min_lr_ratio: float = Field(0.01, ge=0, le=1)
+
+
+class TrainConfig(StrictModel):
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    optim: OptimConfig = OptimConfig()
+    epochs: int = Field(10, ge=1)
+    # Per rank; the global batch is batch_size * world_size * grad_accum.
+    batch_size: int = Field(32, ge=1)
+    grad_accum: int = Field(1, ge=1)
+    # auto: bf16 autocast where the CPU has native bf16 (AMX / AVX512-BF16) or on GPU
+    # (bf16 if supported, else fp16 with a grad scaler); fp32 otherwise.
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    channels_last: bool = True
+    seed: int = 0
+    deterministic: bool = False
+    output_dir: str = "runs/train"
+    checkpoint_every: int = Field(1, ge=1)  # epochs
+    log_every: int = Field(10, ge=1)  # steps
+    max_steps: int | None = Field(None, ge=1)  # stop early (tests, benchmarks)

@@ -1,0 +1,30 @@
+"""Shared fixtures. Tests run real processes (gloo on CPU); nothing here mocks torch."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def dtrain_home(tmp_path, monkeypatch) -> Path:
+    """An isolated $DTRAIN_HOME so tests never touch ~/.dtrain."""
+    home = tmp_path / "dtrain-home"
+    home.mkdir()
+    monkeypatch.setenv("DTRAIN_HOME", str(home))
+    return home
+
+
+@pytest.fixture
+def dtrain_cmd() -> list[str]:
+    """The dtrain CLI as a subprocess argv, using this interpreter."""
+    return [sys.executable, "-m", "dtrain"]
+
+
+def pytest_report_header(config):
+    return f"dtrain tests: uid={os.getuid()} cpus={os.cpu_count()}"

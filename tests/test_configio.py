@@ -1,0 +1,52 @@
+import subprocess
+
+import pytest
+
+from dtrain.configio import load_config, parse_override
+from dtrain.errors import ConfigError
+from dtrain.train.config import TrainConfig
+
+
+def test_yaml_and_overrides(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("epochs: 3\ndata:\n  image_size: 96\noptim:\n  lr: 0.01\n")
+    cfg = load_config(TrainConfig, path, ["optim.lr=3e-4", "data.root=/nas/parts", "channels_last=false"])
+    assert cfg.epochs == 3
+    assert cfg.data.image_size == 96
+    assert cfg.optim.lr == pytest.approx(3e-4)
+    assert cfg.data.root == "/nas/parts"
+    assert cfg.channels_last is False
+
+
+def test_misspelt_key_names_the_closest_valid_key(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("data:\n  imgae_size: 96\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(TrainConfig, path)
+    assert "data.imgae_size" in str(err.value)
+    assert "did you mean 'data.image_size'" in str(err.value)
+
+
+def test_override_misspelt_and_wrong_type():
+    with pytest.raises(ConfigError, match="did you mean 'epochs'"):
+        load_config(TrainConfig, None, ["epoch=3"])
+    with pytest.raises(ConfigError, match="batch_size"):
+        load_config(TrainConfig, None, ["batch_size=lots"])
+
+
+def test_bad_override_syntax():
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_override("epochs")
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(TrainConfig, tmp_path / "nope.yaml")
+
+
+def test_cli_help_and_version(dtrain_cmd):
+    out = subprocess.run([*dtrain_cmd, "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0
+    assert "Usage" in out.stdout
+    out = subprocess.run([*dtrain_cmd, "--version"], capture_output=True, text=True, timeout=60)
+    assert out.stdout.startswith("dtrain ")
