@@ -1,0 +1,195 @@
+"""Inspection metrics: pure functions of scores and labels (numpy + scipy, no torch).
+
+Vocabulary (DESIGN.md): P(defect) = 1 - softmax probability of the negative class.
+A part is judged defective iff P(defect) >= threshold; the class shown for a defective
+verdict is the most likely defect class. A *miss* is a defective part judged OK; a
+*false alarm* is an OK part judged defective.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.stats import beta
+
+
+def clopper_pearson_upper(k: int, n: int, confidence: float = 0.95) -> float:
+    """One-sided upper confidence bound on a binomial rate after k events in n trials.
+
+    With k = 0 this is 1 - (1 - confidence)^(1/n) (the "rule of three" is its
+    approximation); in general the `confidence` quantile of Beta(k + 1, n - k).
+    """
+    if n < 0 or k < 0 or k > n:
+        raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
+    if n == 0 or k == n:
+        return 1.0
+    if k == 0:
+        return 1.0 - (1.0 - confidence) ** (1.0 / n)
+    return float(beta.ppf(confidence, k + 1, n - k))
+
+
+def min_defective_for_target(target_miss_rate: float, confidence: float = 0.95) -> int:
+    """Fewest defective images for which 0 misses puts the upper bound at or under target.
+
+    Solves 1 - (1 - confidence)^(1/n) <= t, i.e. n >= ln(1 - confidence) / ln(1 - t).
+    For t = 0.5 % and 95 % confidence that is 598.
+    """
+    if not 0.0 < target_miss_rate < 1.0:
+        raise ValueError(f"target miss rate must be in (0, 1), got {target_miss_rate}")
+    n = math.ceil(math.log(1.0 - confidence) / math.log(1.0 - target_miss_rate))
+    # Guard the float edge where the ceiling lands one short.
+    while clopper_pearson_upper(0, n, confidence) > target_miss_rate:
+        n += 1
+    return n
+
+
+def p_defect(probs: np.ndarray, negative_index: int) -> np.ndarray:
+    """P(defect) per row of class probabilities [N, C]."""
+    return 1.0 - np.asarray(probs, dtype=np.float64)[:, negative_index]
+
+
+def decide(probs: np.ndarray, negative_index: int, threshold: float) -> np.ndarray:
+    """Predicted class per image with the decision threshold applied.
+
+    Defective verdict (P(defect) >= threshold) -> the argmax over the defect classes;
+    otherwise the negative class. At threshold 0.5 on two classes this is plain argmax.
+    """
+    probs = np.asarray(probs, dtype=np.float64)
+    defect_probs = probs.copy()
+    defect_probs[:, negative_index] = -np.inf
+    pred = defect_probs.argmax(axis=1)
+    pred[p_defect(probs, negative_index) < threshold] = negative_index
+    return pred
+
+
+def confusion_matrix(y_true: np.ndarray, y_pred: np.ndarray, num_classes: int) -> np.ndarray:
+    """cm[i, j] = number of images of true class i predicted as class j."""
+    y_true = np.asarray(y_true, dtype=np.int64)
+    y_pred = np.asarray(y_pred, dtype=np.int64)
+    cm = np.zeros((num_classes, num_classes), dtype=np.int64)
+    np.add.at(cm, (y_true, y_pred), 1)
+    return cm
+
+
+def accuracy(cm: np.ndarray) -> float:
+    total = int(cm.sum())
+    return float(np.trace(cm)) / total if total else 0.0
+
+
+def per_class(cm: np.ndarray, classes: list[str]) -> dict[str, dict[str, float | int]]:
+    """Precision, recall and support per class (0.0 where undefined: nothing predicted / no support)."""
+    out: dict[str, dict[str, float | int]] = {}
+    for i, name in enumerate(classes):
+        tp = int(cm[i, i])
+        predicted = int(cm[:, i].sum())
+        support = int(cm[i, :].sum())
+        out[name] = {
+            "precision": tp / predicted if predicted else 0.0,
+            "recall": tp / support if support else 0.0,
+            "support": support,
+        }
+    return out
+
+
+@dataclass(frozen=True)
+class Rate:
+    """k events out of n, with the rate and its one-sided 95 % upper bound."""
+
+    k: int
+    n: int
+
+    @property
+    def rate(self) -> float:
+        return self.k / self.n if self.n else 0.0
+
+    @property
+    def upper95(self) -> float:
+        return clopper_pearson_upper(self.k, self.n, 0.95)
+
+
+def miss_rate(p_def: np.ndarray, is_defect: np.ndarray, threshold: float) -> Rate:
+    """Defective images judged OK (P(defect) < threshold) out of all defective images."""
+    p_def, is_defect = np.asarray(p_def), np.asarray(is_defect, dtype=bool)
+    return Rate(int(np.sum(p_def[is_defect] < threshold)), int(is_defect.sum()))
+
+
+def false_alarm_rate(p_def: np.ndarray, is_defect: np.ndarray, threshold: float) -> Rate:
+    """OK images judged defective (P(defect) >= threshold) out of all OK images."""
+    p_def, is_defect = np.asarray(p_def), np.asarray(is_defect, dtype=bool)
+    return Rate(int(np.sum(p_def[~is_defect] >= threshold)), int((~is_defect).sum()))
+
+
+@dataclass(frozen=True)
+class ThresholdChoice:
+    threshold: float
+    # The highest threshold with the same validation figures; `threshold` sits in the
+    # middle of the score gap below it, so unseen defects a little fainter than the
+    # faintest validation defect are still caught at no cost in validation false alarms.
+    highest: float
+    val_miss: Rate
+    val_false_alarm: Rate
+    warnings: list[str] = field(default_factory=list)
+
+
+def choose_threshold(p_defect_val: np.ndarray, is_defect_val: np.ndarray, target_miss_rate: float) -> ThresholdChoice:
+    """The decision threshold that keeps the validation miss rate <= target with the fewest false alarms.
+
+    With defect scores sorted d_0 <= d_1 <= ..., at most m = floor(target * n) misses are
+    allowed; the highest threshold missing no more than m is d_m (a score equal to the
+    threshold counts as defective). Every threshold in (o, d_m], where o is the largest
+    OK score below d_m, gives the same validation misses and false alarms; we return the
+    midpoint of that gap (see ThresholdChoice.highest).
+    """
+    scores = np.asarray(p_defect_val, dtype=np.float64)
+    is_defect = np.asarray(is_defect_val, dtype=bool)
+    if not 0.0 < target_miss_rate < 1.0:
+        raise ValueError(f"target miss rate must be in (0, 1), got {target_miss_rate}")
+    defect_scores = np.sort(scores[is_defect])
+    warnings: list[str] = []
+    if defect_scores.size == 0:
+        highest = threshold = 0.5
+        warnings.append("the validation split has no defective images; threshold left at 0.5")
+    else:
+        allowed = math.floor(target_miss_rate * defect_scores.size + 1e-9)
+        highest = float(defect_scores[allowed])
+        ok_below = scores[~is_defect][scores[~is_defect] < highest]
+        low = float(ok_below.max()) if ok_below.size else 0.0
+        threshold = (low + highest) / 2.0
+        if allowed == 0 and clopper_pearson_upper(0, defect_scores.size) > target_miss_rate:
+            warnings.append(
+                f"the validation split has only {defect_scores.size} defective images: too few to "
+                f"calibrate a {target_miss_rate:.2%} miss rate; the threshold allows no validation miss"
+            )
+    return ThresholdChoice(
+        threshold=threshold,
+        highest=highest,
+        val_miss=miss_rate(scores, is_defect, threshold),
+        val_false_alarm=false_alarm_rate(scores, is_defect, threshold),
+        warnings=warnings,
+    )
+
+
+def operating_curve(p_def: np.ndarray, is_defect: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(thresholds, miss rates, false-alarm rates) at every distinct score, ascending thresholds."""
+    p_def = np.asarray(p_def, dtype=np.float64)
+    is_defect = np.asarray(is_defect, dtype=bool)
+    thresholds = np.unique(np.concatenate([p_def, [0.0, 1.0 + 1e-12]]))
+    d = np.sort(p_def[is_defect])
+    o = np.sort(p_def[~is_defect])
+    # Misses: defect scores strictly below t; false alarms: OK scores at or above t.
+    misses = np.searchsorted(d, thresholds, side="left") / max(d.size, 1)
+    alarms = (o.size - np.searchsorted(o, thresholds, side="left")) / max(o.size, 1)
+    return thresholds, misses, alarms
+
+
+def support_warning(n_defective: int, target_miss_rate: float, confidence: float = 0.95) -> str | None:
+    """A plain warning when the split is too small for the bound ever to reach the target."""
+    need = min_defective_for_target(target_miss_rate, confidence)
+    if n_defective >= need:
+        return None
+    return (
+        f"the test split has {n_defective} defective images; even with 0 misses the {confidence:.0%} "
+        f"upper bound on the miss rate cannot go below {target_miss_rate:.2%} with fewer than {need}"
+    )
