@@ -1,0 +1,72 @@
+"""The job registry: states, newest-first listing, id lookup, dead-supervisor detection."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from dtrain.errors import DtrainError
+from dtrain.jobs.registry import JobRegistry, JobState
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_lifecycle_and_listing(dtrain_home):
+    reg = JobRegistry(clock=Clock())
+    a = reg.create("first", ["h1", "h2"], 4)
+    b = reg.create("second", ["h1"], 2)
+    assert reg.get(a.id).state is JobState.PENDING
+    reg.mark_running(a.id)
+    reg.finish(a.id, JobState.SUCCEEDED, 0)
+    # A terminal state is final: a late "failed" from a dying process does not overwrite it.
+    reg.finish(a.id, JobState.FAILED, 1, "late")
+    got = reg.get(a.id)
+    assert (got.state, got.exit_code, got.nodes, got.world_size) == (JobState.SUCCEEDED, 0, ["h1", "h2"], 4)
+    assert got.duration(now=got.ended + 100) == got.ended - got.started
+    assert [r.id for r in reg.list()] == [b.id, a.id]
+    assert (dtrain_home / "jobs.sqlite").is_file()
+    with pytest.raises(ValueError):
+        reg.finish(b.id, JobState.RUNNING, None)
+
+
+def test_lookup_by_prefix_and_name(dtrain_home):
+    reg = JobRegistry()
+    a = reg.create("alpha", ["h1"], 1)
+    assert reg.get("alpha").id == a.id
+    assert reg.get(a.id[:-2]).id == a.id
+    with pytest.raises(DtrainError, match="no job 'nope'"):
+        reg.get("nope")
+
+
+def test_dead_supervisor_marked_failed_on_read(dtrain_home):
+    reg = JobRegistry()
+    rec = reg.create("orphan", ["h1"], 1)
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    reg.set_supervisor(rec.id, proc.pid)
+    reg.mark_running(rec.id)
+    proc.wait()
+    got = reg.get(rec.id)
+    assert got.state is JobState.FAILED and got.reason == "supervisor died"
+    assert reg.list()[0].state is JobState.FAILED
+
+
+def test_live_supervisor_stays_running(dtrain_home):
+    import os
+
+    reg = JobRegistry()
+    rec = reg.create("live", ["h1"], 1)
+    reg.set_supervisor(rec.id, os.getpid())
+    reg.mark_running(rec.id)
+    assert reg.get(rec.id).state is JobState.RUNNING
+    # A reused pid (same number, different start time) is not our supervisor.
+    reg.update(rec.id, supervisor_started=1.0)
+    assert reg.get(rec.id).state is JobState.FAILED
