@@ -10,6 +10,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# The multi-host harness: the session fixture `netns_cluster` (owner: cluster).
+pytest_plugins = ["tests.netns"]
+
 
 @pytest.fixture
 def dtrain_home(tmp_path, monkeypatch) -> Path:
