@@ -11,3 +11,7 @@ class ModelConfig(StrictModel):
     arch: Literal["resnet18", "resnet34", "resnet50"] = "resnet18"
     # A local weights file (state_dict or a dtrain checkpoint); never downloaded.
     pretrained: str | None = None
+    # "group" swaps BatchNorm for GroupNorm: no batch statistics, so results do not
+    # depend on how a batch is split across ranks (used by the DDP equivalence test,
+    # and useful with very small per-rank batches).
+    norm: Literal["batch", "group"] = "batch"

@@ -1,0 +1,81 @@
+"""`build_model`: a torchvision ResNet by name, any class count and input size.
+
+Weights are never downloaded: torchvision's builders get `weights=None`, and
+`pretrained: PATH` reads a local file (a plain state_dict or a dtrain checkpoint). When
+the file's classifier head has another number of classes, the head is left at its random
+init and everything else is loaded, the usual fine-tuning start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import torch
+from torch import nn
+from torchvision import models as tvm
+
+from dtrain.errors import ConfigError
+from dtrain.models.config import ModelConfig
+
+ARCHS: dict[str, Callable[..., nn.Module]] = {
+    "resnet18": tvm.resnet18,
+    "resnet34": tvm.resnet34,
+    "resnet50": tvm.resnet50,
+}
+
+# torchvision's ResNets take a norm_layer factory called with the channel count.
+NORMS: dict[str, Callable[[int], nn.Module]] = {
+    "batch": nn.BatchNorm2d,
+    "group": partial(nn.GroupNorm, 32),
+}
+
+HEAD_PREFIX = "fc."
+
+
+def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
+    """A randomly initialised network (ResNets pool adaptively, so any input size works)."""
+    if num_classes < 2:
+        raise ConfigError(f"a classifier needs at least 2 classes, got {num_classes}", "check the data set's class folders")
+    builder = _lookup(ARCHS, cfg.arch, "model.arch")
+    model = builder(weights=None, num_classes=num_classes, norm_layer=_lookup(NORMS, cfg.norm, "model.norm"))
+    if cfg.pretrained:
+        load_weights(model, cfg.pretrained)
+    return model
+
+
+def load_weights(model: nn.Module, path: str | Path) -> list[str]:
+    """Load a local state_dict / dtrain checkpoint into `model`; returns the keys skipped."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"pretrained weights not found: {path}", "model.pretrained must be a local file (nothing is downloaded)")
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # torch raises several types for a file that is not a checkpoint
+        raise ConfigError(f"cannot read weights from {path}: {exc}", "pass a torch.save'd state_dict or a dtrain checkpoint") from None
+    state = blob.get("model", blob) if isinstance(blob, dict) else None
+    if not isinstance(state, dict):
+        raise ConfigError(f"{path} holds no state_dict", "pass a torch.save'd state_dict or a dtrain checkpoint")
+    state = {k.removeprefix("module."): v for k, v in state.items()}
+    own = model.state_dict()
+    # A head shaped for another class count is skipped so fine-tuning can start from it.
+    skipped = [k for k, v in state.items() if k.startswith(HEAD_PREFIX) and k in own and own[k].shape != v.shape]
+    for key in skipped:
+        del state[key]
+    result = model.load_state_dict(state, strict=False)
+    missing = [k for k in result.missing_keys if k not in skipped]
+    if missing or result.unexpected_keys:
+        raise ConfigError(
+            f"{path} does not fit this model: {len(missing)} missing and {len(result.unexpected_keys)} unexpected keys "
+            f"(e.g. {(missing + result.unexpected_keys)[0]})",
+            "check model.arch and model.norm match the weights file",
+        )
+    return skipped
+
+
+def _lookup(table: dict, name: str, key: str):
+    try:
+        return table[name]
+    except KeyError:
+        raise ConfigError(f"unknown {key} {name!r}", f"valid: {', '.join(sorted(table))}") from None
