@@ -1,0 +1,196 @@
+"""Evaluate a checkpoint for inspection: threshold on validation, figures on test.
+
+`evaluate` returns the evaluation dict of DESIGN.md. Its accuracy figures:
+- `accuracy`: multi-class accuracy with the decision threshold applied (an image is
+  predicted OK when P(defect) < threshold, otherwise as its most likely defect class);
+  the class-level confusion matrix and per-class figures use the same predictions.
+- `accuracy_argmax`: plain argmax accuracy, no threshold.
+- `binary_accuracy`: OK-vs-defect verdicts at the threshold, whatever the defect class.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dtrain.errors import DtrainError
+from dtrain.inspect import metrics as M
+from dtrain.inspect.predict import Predictions
+
+# How many misclassified test images the evaluation names (the report shows them).
+MAX_LISTED_ERRORS = 24
+
+
+def summarise(
+    classes: list[str],
+    negative_index: int,
+    val: Predictions,
+    test: Predictions,
+    target_miss_rate: float,
+) -> dict[str, Any]:
+    """The evaluation dict from validation and test predictions (pure: no I/O)."""
+    if len(val) == 0 or len(test) == 0:
+        empty = "validation" if len(val) == 0 else "test"
+        raise DtrainError(f"the {empty} split has no readable images", "check the data set (dtrain data synth OUT makes one)")
+    choice = M.choose_threshold(M.p_defect(val.probs, negative_index), val.targets != negative_index, target_miss_rate)
+    t = choice.threshold
+    p_def = M.p_defect(test.probs, negative_index)
+    is_defect = test.targets != negative_index
+    pred = M.decide(test.probs, negative_index, t)
+    cm = M.confusion_matrix(test.targets, pred, len(classes))
+    argmax_cm = M.confusion_matrix(test.targets, test.probs.argmax(axis=1), len(classes))
+    miss = M.miss_rate(p_def, is_defect, t)
+    alarm = M.false_alarm_rate(p_def, is_defect, t)
+    warnings = list(choice.warnings)
+    support = M.support_warning(miss.n, target_miss_rate)
+    if support:
+        warnings.append(support)
+    elif miss.upper95 > target_miss_rate:
+        warnings.append(
+            f"the 95% upper bound on the test miss rate ({miss.upper95:.2%}) is above the "
+            f"{target_miss_rate:.2%} target: {miss.k} of {miss.n} defective test images were missed"
+        )
+    if test.bad_files or val.bad_files:
+        warnings.append(f"{len(test.bad_files) + len(val.bad_files)} unreadable images were skipped (see bad_files)")
+    missed_idx = np.flatnonzero(is_defect & (p_def < t))
+    alarm_idx = np.flatnonzero(~is_defect & (p_def >= t))
+    return {
+        "classes": list(classes),
+        "negative_class": classes[negative_index],
+        "accuracy": M.accuracy(cm),
+        "accuracy_argmax": M.accuracy(argmax_cm),
+        "binary_accuracy": float(np.mean((p_def >= t) == is_defect)),
+        "miss_rate": miss.rate,
+        "miss_rate_upper95": miss.upper95,
+        "n_missed": miss.k,
+        "false_alarm_rate": alarm.rate,
+        "false_alarm_rate_upper95": alarm.upper95,
+        "n_false_alarms": alarm.k,
+        "threshold": t,
+        "threshold_highest": choice.highest,
+        "target_miss_rate": target_miss_rate,
+        "min_defective_for_target": M.min_defective_for_target(target_miss_rate),
+        "per_class": M.per_class(cm, classes),
+        "confusion_matrix": cm.tolist(),
+        "n_images": len(test),
+        "n_defective": miss.n,
+        "n_ok": alarm.n,
+        "validation": {
+            "n_images": len(val),
+            "n_defective": choice.val_miss.n,
+            "miss_rate": choice.val_miss.rate,
+            "false_alarm_rate": choice.val_false_alarm.rate,
+        },
+        "misses": [_error(test, i, p_def) for i in _worst(missed_idx, p_def, ascending=True)],
+        "false_alarms": [_error(test, i, p_def) for i in _worst(alarm_idx, p_def, ascending=False)],
+        "bad_files": sorted(test.bad_files + val.bad_files),
+        "warnings": warnings,
+    }
+
+
+def _worst(idx: np.ndarray, p_def: np.ndarray, *, ascending: bool) -> list[int]:
+    order = np.argsort(p_def[idx], kind="stable")
+    if not ascending:
+        order = order[::-1]
+    return [int(i) for i in idx[order][:MAX_LISTED_ERRORS]]
+
+
+def _error(pred: Predictions, i: int, p_def: np.ndarray) -> dict[str, Any]:
+    return {"path": pred.paths[i], "label": int(pred.targets[i]), "p_defect": float(p_def[i])}
+
+
+def evaluate(
+    checkpoint: str | Path,
+    data: Any,
+    target_miss_rate: float = 0.005,
+    *,
+    out_dir: str | Path | None = None,
+    batch_size: int = 256,
+    device: str | None = None,
+    num_workers: int = 1,
+    progress: Callable[[str, int], Callable[[int], None]] | None = None,
+) -> dict[str, Any]:
+    """Evaluate `checkpoint` on the val and test splits of `data` (a DataConfig or a data root).
+
+    `progress(split, total)` returns a per-batch callback (the CLI shows a bar).
+    With `out_dir`, also writes `evaluation.json` and the PNG plots there.
+    """
+    import torch
+
+    from dtrain.data.datasets import open_split
+    from dtrain.inspect.predict import predict_split
+    from dtrain.train.checkpoint import load_for_inference
+
+    if not 0.0 < target_miss_rate < 1.0:
+        raise DtrainError(f"target miss rate must be between 0 and 1, got {target_miss_rate}", "e.g. --target-miss-rate 0.005")
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_file():
+        raise DtrainError(f"checkpoint not found: {checkpoint}", "train one with `dtrain train CONFIG` (it writes OUTPUT/checkpoints/last.pt)")
+    model, meta = load_for_inference(str(checkpoint), map_location="cpu")
+    cfg = _data_config(data, meta)
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    classes = list(meta["classes"])
+    negative_index = classes.index(meta["negative_class"])
+    preds: dict[str, Predictions] = {}
+    for split in (cfg.val_split, cfg.test_split):
+        ds = open_split(cfg, split, train=False)
+        if list(ds.classes) != classes:
+            raise DtrainError(
+                f"the data set's classes {list(ds.classes)} differ from the model's {classes}",
+                "evaluate on a data set with the classes the model was trained on",
+            )
+        callback = progress(split, len(ds)) if progress else None
+        preds[split] = predict_split(
+            model, ds, mean=meta["mean"], std=meta["std"], batch_size=batch_size,
+            device=dev, num_workers=num_workers, progress=callback,
+        )
+    result = summarise(classes, negative_index, preds[cfg.val_split], preds[cfg.test_split], target_miss_rate)
+    result["checkpoint"] = str(checkpoint)
+    result["data_root"] = cfg.root
+    result["image_size"] = int(meta["image_size"])
+    if out_dir is not None:
+        write_outputs(Path(out_dir), result, preds[cfg.test_split])
+    return result
+
+
+def _data_config(data: Any, meta: dict[str, Any]):
+    """A DataConfig for evaluation: the training run's settings, the given root, the model's image size."""
+    from dtrain.configio import validate
+    from dtrain.data.config import DataConfig
+
+    if isinstance(data, DataConfig):
+        cfg = data.model_copy(update={"image_size": int(meta["image_size"])})
+    else:
+        base = dict((meta.get("config") or {}).get("data") or {})
+        base.update(root=str(data), image_size=int(meta["image_size"]))
+        cfg = validate(DataConfig, base, "the checkpoint's data config")
+    if "://" not in cfg.root and not Path(cfg.root).is_dir():
+        raise DtrainError(f"data directory not found: {cfg.root}", "create one with `dtrain data synth DIR`, or pass the right path")
+    return cfg
+
+
+def write_outputs(out_dir: Path, result: dict[str, Any], test: Predictions) -> None:
+    """evaluation.json, the PNG plots, and the raw test scores (scores.npz) in `out_dir`."""
+    from dtrain.inspect import plots
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    negative_index = result["classes"].index(result["negative_class"])
+    result["plots"] = plots.write_eval_plots(out_dir, result, test.probs, test.targets, negative_index)
+    np.savez_compressed(out_dir / "scores.npz", probs=test.probs, targets=test.targets)
+    (out_dir / "evaluation.json").write_text(json.dumps(_finite(result), indent=2) + "\n")
+
+
+def _finite(obj: Any) -> Any:
+    """JSON has no NaN/inf: write them as null."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
