@@ -1,0 +1,59 @@
+"""The `ssh` runner: the OpenSSH client, so ~/.ssh/config (user, port, identity,
+ProxyJump, ...) applies exactly as it does for the user's own `ssh host`.
+
+ssh joins its command words with spaces and hands the result to the remote login shell,
+so the remote command is built here as ONE shell string in which every word, every
+environment value and the directory are shlex-quoted; names were validated by the spec.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+
+from dtrain.cluster.runner import CommandRunner, register_runner
+
+# Notice a dead peer (a node that lost power or network) within ~15 s instead of hanging
+# on a half-open TCP connection forever.
+KEEPALIVE = ["-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
+
+
+@register_runner
+class SshRunner(CommandRunner):
+    name = "ssh"
+
+    def ssh_argv(self) -> list[str]:
+        """`ssh` and its options, up to and including the destination."""
+        out = ["ssh"]
+        if self.cluster.ssh_config:
+            out += ["-F", self.cluster.ssh_config]
+        out += ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={self.cluster.connect_timeout}", *KEEPALIVE]
+        for opt in self.cluster.ssh_options:
+            out += ["-o", opt]
+        # "--" ends ssh's options: a destination can never be read as one.
+        return out + ["--", self.node.host]
+
+    def argv(self, remote_argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+             cwd: str | None = None) -> list[str]:
+        return self.ssh_argv() + [remote_command(remote_argv, env=self.merged_env(env), cwd=cwd)]
+
+
+def remote_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None) -> str:
+    """`cd DIR && export K=V && exec ARGV...`, every word quoted for a POSIX shell."""
+    if not argv:
+        raise ValueError("empty command")
+    parts = []
+    if cwd is not None:
+        parts.append(f"cd {_quote_path(cwd)}")
+    if env:
+        parts.append("export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
+    # exec: the remote process replaces the shell, so signals and exit codes are its own.
+    parts.append("exec " + shlex.join(argv))
+    return " && ".join(parts)
+
+
+def _quote_path(path: str) -> str:
+    # "~/job" means the remote user's home: leave the tilde outside the quotes.
+    if path == "~" or path.startswith("~/"):
+        return "~" + (shlex.quote(path[1:]) if path[1:] else "")
+    return shlex.quote(path)
