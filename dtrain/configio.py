@@ -120,6 +120,8 @@ def _fields_at(model: type[BaseModel], loc: list[str]) -> list[str]:
     """Field names of the (nested) model found by following `loc` from `model`."""
     current: Any = model
     for part in loc:
+        if part.isdigit():  # an item of a list of models: the item's model is already current
+            continue
         field = getattr(current, "model_fields", {}).get(part)
         if field is None:
             return []
