@@ -29,5 +29,17 @@ def dtrain_cmd() -> list[str]:
     return [sys.executable, "-m", "dtrain"]
 
 
+@pytest.fixture(scope="session")
+def synth_data(tmp_path_factory) -> Path:
+    """A small synthetic defect data set (owner: data): 32 px, 360 images, seed 0,
+    ImageFolder layout ROOT/{train,val,test}/<class>/*.png + manifest.json. Read-only:
+    copy it before changing files in it."""
+    from dtrain.data.synth import synthesize
+
+    root = tmp_path_factory.mktemp("synth_data")
+    synthesize(root, images=360, size=32, seed=0, workers=1)
+    return root
+
+
 def pytest_report_header(config):
     return f"dtrain tests: uid={os.getuid()} cpus={os.cpu_count()}"

@@ -1,0 +1,37 @@
+"""Where the images come from and how they are prepared."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from dtrain.configio import StrictModel
+
+
+class DataConfig(StrictModel):
+    # A local directory, NAS mount, or storage URL (s3://bucket/prefix). URLs and
+    # `layout: shards` are read through dtrain.data.shards.
+    root: str = "data/defects"
+    layout: Literal["imagefolder", "mvtec", "shards"] = "imagefolder"
+    # MVTec-AD: the category folder under root (e.g. "metal_nut").
+    category: str | None = None
+    # The class a "miss" is measured against: a defective part judged as this one.
+    negative_class: str = "ok"
+    image_size: int = Field(64, ge=16, le=2048)
+    num_workers: int = Field(2, ge=0)
+    augment: bool = True
+    train_split: str = "train"
+    val_split: str = "val"
+    test_split: str = "test"
+    # MVTec-AD has no val split: it is carved out of test, per class, seeded (see
+    # dtrain/data/layouts.py). mvtec_train_fraction moves test defects into train.
+    split_seed: int = 0
+    mvtec_val_fraction: float = Field(0.3, gt=0, lt=1)
+    mvtec_train_fraction: float = Field(0.0, ge=0, lt=1)
+    # Decode + resize every image once into one uint8 tensor (small sets only:
+    # N * 3 * S * S bytes); workers then only augment.
+    cache_decoded: bool = False
+    # Local cache for remote shards; None = a temporary directory per run.
+    cache_dir: str | None = None
+    cache_limit_gb: float = Field(10.0, gt=0)

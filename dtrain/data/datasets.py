@@ -1,0 +1,180 @@
+"""Map-style datasets of inspection images: `open_split` and `collate_skip_bad`.
+
+`ds[i]` is `(uint8 [3, S, S], label)`, or `None` when the file cannot be read or
+decoded: one bad file among millions must not end a week-long run. Bad files are
+collected in `ds.bad_files` from every DataLoader worker process (workers append to a
+small log file named at construction, since a worker's own copy of the dataset dies
+with it), and `collate_skip_bad` drops the Nones from the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import uuid
+import weakref
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset, default_collate
+
+from dtrain.data.config import DataConfig
+from dtrain.data.layouts import scan
+from dtrain.data.transforms import decode_uint8, resize_uint8, train_augmentation
+
+log = logging.getLogger("dtrain.data")
+
+# torchvision decodes these natively; the rest go through Pillow.
+_NATIVE = frozenset({".png", ".jpg", ".jpeg", ".webp", ".gif"})
+# What a damaged, truncated, missing or unsupported file raises while being decoded.
+_READ_ERRORS = (RuntimeError, OSError, ValueError, SyntaxError)
+
+Sample = tuple[torch.Tensor, int]
+
+
+def read_image(path: str) -> torch.Tensor:
+    """One file -> uint8 [3, H, W]; raises one of _READ_ERRORS when unreadable."""
+    if Path(path).suffix.lower() in _NATIVE:
+        from torchvision.io import read_file
+
+        return decode_uint8(read_file(path))
+    from PIL import Image
+    from torchvision.transforms.v2.functional import pil_to_tensor
+
+    with Image.open(path) as im:
+        return pil_to_tensor(im.convert("RGB"))
+
+
+class InspectionDataset(Dataset):
+    def __init__(
+        self,
+        paths: Sequence[str],
+        targets: Sequence[int],
+        classes: Sequence[str],
+        negative_index: int,
+        image_size: int,
+        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        cache_decoded: bool = False,
+    ) -> None:
+        self.paths = list(paths)
+        self.targets = list(targets)
+        self.classes = list(classes)
+        self.negative_index = negative_index
+        self.negative_class = self.classes[negative_index]
+        self.image_size = image_size
+        self.transform = transform
+        self._bad_local: dict[str, str] = {}
+        # Named now, created by the first worker that finds a bad file.
+        self._bad_log = os.path.join(tempfile.gettempdir(), f"dtrain-bad-{os.getpid()}-{uuid.uuid4().hex}.log")
+        weakref.finalize(self, _remove_quietly, self._bad_log, os.getpid())
+        self._cache: torch.Tensor | None = None
+        self._cache_ok: torch.Tensor | None = None
+        if cache_decoded:
+            self._fill_cache()
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> Sample | None:
+        img = self._load(index)
+        if img is None:
+            return None
+        if self.transform is not None:
+            img = self.transform(img)
+        return img, self.targets[index]
+
+    def _load(self, index: int) -> torch.Tensor | None:
+        if self._cache is not None:
+            return self._cache[index] if self._cache_ok[index] else None
+        path = self.paths[index]
+        try:
+            return resize_uint8(read_image(path), self.image_size)
+        except _READ_ERRORS as exc:
+            self._record_bad(path, exc)
+            return None
+
+    def _record_bad(self, path: str, exc: BaseException) -> None:
+        reason = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:300]
+        if path in self._bad_local:
+            return
+        self._bad_local[path] = reason
+        log.warning("skipping unreadable image %s (%s)", path, reason)
+        with open(self._bad_log, "a", encoding="utf-8") as fh:  # one short O_APPEND write
+            fh.write(f"{path}\t{reason}\n")
+
+    @property
+    def bad_reasons(self) -> dict[str, str]:
+        """Every unreadable file seen so far, by any process, with why it failed."""
+        found: dict[str, str] = {}
+        try:
+            with open(self._bad_log, encoding="utf-8") as fh:
+                for line in fh:
+                    path, _, reason = line.rstrip("\n").partition("\t")
+                    found.setdefault(path, reason)
+        except FileNotFoundError:
+            pass
+        for path, reason in self._bad_local.items():
+            found.setdefault(path, reason)
+        return found
+
+    @property
+    def bad_files(self) -> list[str]:
+        return list(self.bad_reasons)
+
+    def _fill_cache(self) -> None:
+        n, s = len(self.paths), self.image_size
+        cache = torch.empty((n, 3, s, s), dtype=torch.uint8)
+        ok = torch.zeros(n, dtype=torch.bool)
+
+        def one(i: int) -> None:
+            try:
+                cache[i] = resize_uint8(read_image(self.paths[i]), s)
+                ok[i] = True
+            except _READ_ERRORS as exc:
+                self._record_bad(self.paths[i], exc)
+
+        # The decoders release the GIL, so threads use every core without pickling.
+        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+            list(pool.map(one, range(n)))
+        self._cache, self._cache_ok = cache, ok
+
+
+def _remove_quietly(path: str, owner_pid: int) -> None:
+    if os.getpid() != owner_pid:  # a forked worker's copy must not delete the shared log
+        return
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def open_split(cfg: DataConfig, split: str, *, train: bool) -> Dataset:
+    """The dataset of one split; `train=True` adds augmentation (if `cfg.augment`)."""
+    if cfg.layout == "shards" or "://" in cfg.root:
+        from dtrain.data.shards import open_shard_split
+
+        return open_shard_split(cfg, split, train=train)
+    listing = scan(cfg, split)
+    return InspectionDataset(
+        listing.paths,
+        listing.targets,
+        listing.classes,
+        listing.negative_index,
+        cfg.image_size,
+        transform=train_augmentation() if (train and cfg.augment) else None,
+        cache_decoded=cfg.cache_decoded,
+    )
+
+
+def collate_skip_bad(batch: Sequence[Sample | None]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack the readable samples -> (uint8 [B, 3, S, S], int64 [B]); B may be smaller
+    than the batch asked for, and 0 (shape [0, 3, 0, 0]) when every sample was bad."""
+    good = [item for item in batch if item is not None]
+    if not good:
+        return torch.empty((0, 3, 0, 0), dtype=torch.uint8), torch.empty(0, dtype=torch.int64)
+    # default_collate stacks into shared memory inside a worker (no extra copy).
+    images, labels = default_collate(good)
+    return images, labels

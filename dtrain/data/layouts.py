@@ -1,0 +1,169 @@
+"""Folder layouts on disk -> the list of (path, label) of one split.
+
+A layout is a function `(cfg, split) -> Listing`, registered by name in `LAYOUTS`.
+
+- `imagefolder`: ROOT/<split>/<class>/*.png (what `dtrain data synth` writes).
+- `mvtec` (MVTec-AD): ROOT/<category>/train/good/*, ROOT/<category>/test/<defect>/*.
+  MVTec has no validation split, so one is carved out of `test`: per class, the sorted
+  file list is shuffled with a seed derived from (`data.split_seed`, class name) and the
+  first `data.mvtec_val_fraction` goes to val, the rest stays in test. A supervised
+  classifier never sees a defect in MVTec's own `train`; `data.mvtec_train_fraction`
+  (default 0: the official protocol) moves that share of every test class into train,
+  taken before the val carve so the three splits never overlap.
+
+Classes are the sorted union of the class folders of all splits, so every split of one
+data set agrees on the label numbering. "ok" and "good" are synonyms for the negative
+class: the config default "ok" works on MVTec's "good" without an override.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from dtrain.data.config import DataConfig
+from dtrain.errors import DtrainError
+
+IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"})
+NEGATIVE_SYNONYMS = ("ok", "good")
+
+
+@dataclass(frozen=True)
+class Listing:
+    classes: list[str]
+    negative_index: int
+    paths: list[str]
+    targets: list[int]
+
+
+def scan(cfg: DataConfig, split: str) -> Listing:
+    try:
+        layout = LAYOUTS[cfg.layout]
+    except KeyError:
+        raise DtrainError(
+            f"unknown data layout '{cfg.layout}'", f"valid layouts: {', '.join(sorted(LAYOUTS))}"
+        ) from None
+    return layout(cfg, split)
+
+
+def _require_dir(path: Path, what: str, hint: str | None = None) -> None:
+    if not path.is_dir():
+        raise DtrainError(
+            f"{what} not found: {path} is missing",
+            hint or f"create a synthetic data set with `dtrain data synth {path}` or set data.root to your images",
+        )
+
+
+def _images_in(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+
+
+def _class_dirs(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def resolve_negative(classes: list[str], negative_class: str, where: Path) -> int:
+    if negative_class in classes:
+        return classes.index(negative_class)
+    if negative_class in NEGATIVE_SYNONYMS:
+        for alias in NEGATIVE_SYNONYMS:
+            if alias in classes:
+                return classes.index(alias)
+    raise DtrainError(
+        f"negative class '{negative_class}' is not one of the classes in {where}: {', '.join(classes)}",
+        "set data.negative_class to the class of defect-free parts (e.g. --set data.negative_class=good)",
+    )
+
+
+def _listing(classes: list[str], negative: str, where: Path, files: dict[str, list[Path]]) -> Listing:
+    neg = resolve_negative(classes, negative, where)
+    paths: list[str] = []
+    targets: list[int] = []
+    for name in classes:
+        for path in files.get(name, []):
+            paths.append(str(path))
+            targets.append(classes.index(name))
+    return Listing(classes, neg, paths, targets)
+
+
+def imagefolder(cfg: DataConfig, split: str) -> Listing:
+    root = Path(cfg.root)
+    _require_dir(root, "data directory")
+    split_dir = root / split
+    if not split_dir.is_dir():
+        found = ", ".join(_class_dirs(root)) or "nothing"
+        raise DtrainError(
+            f"split '{split}' not found: {split_dir} is missing (found: {found})",
+            f"expected ROOT/<split>/<class>/*.png; `dtrain data synth {root}` writes that layout",
+        )
+    classes: set[str] = set()
+    for name in {cfg.train_split, cfg.val_split, cfg.test_split, split}:
+        if (root / name).is_dir():
+            classes.update(_class_dirs(root / name))
+    if not classes:
+        raise DtrainError(f"no class folders in {split_dir}", "put each class's images in ROOT/<split>/<class>/")
+    ordered = sorted(classes)
+    files = {name: _images_in(split_dir / name) for name in ordered if (split_dir / name).is_dir()}
+    return _listing(ordered, cfg.negative_class, root, files)
+
+
+def _mvtec_base(cfg: DataConfig) -> Path:
+    root = Path(cfg.root)
+    _require_dir(root, "data directory")
+    if cfg.category:
+        base = root / cfg.category
+        if not base.is_dir():
+            raise DtrainError(
+                f"MVTec category '{cfg.category}' not found: {base} is missing",
+                f"categories in {root}: {', '.join(_mvtec_categories(root)) or 'none'}",
+            )
+        return base
+    if (root / "train").is_dir() and (root / "test").is_dir():
+        return root
+    raise DtrainError(
+        f"{root} holds several MVTec categories; say which one",
+        f"set data.category to one of: {', '.join(_mvtec_categories(root)) or '(none found)'}",
+    )
+
+
+def _mvtec_categories(root: Path) -> list[str]:
+    return [name for name in _class_dirs(root) if (root / name / "test").is_dir()]
+
+
+def _shuffled(files: list[Path], seed: int, name: str) -> list[Path]:
+    out = list(files)
+    random.Random(f"{seed}:{name}").shuffle(out)  # str seeds hash deterministically
+    return out
+
+
+def mvtec(cfg: DataConfig, split: str) -> Listing:
+    base = _mvtec_base(cfg)
+    roles = {cfg.train_split: "train", cfg.val_split: "val", cfg.test_split: "test"}
+    if split not in roles:
+        raise DtrainError(
+            f"unknown split '{split}' for an MVTec data set",
+            f"valid splits: {', '.join(roles)}",
+        )
+    role = roles[split]
+    for sub in ("train", "test"):
+        _require_dir(base / sub, f"MVTec folder '{sub}'", "expected <category>/train/good/* and <category>/test/<defect>/*")
+    classes = sorted(set(_class_dirs(base / "train")) | set(_class_dirs(base / "test")))
+    files: dict[str, list[Path]] = {}
+    for name in classes:
+        official_train = _images_in(base / "train" / name) if (base / "train" / name).is_dir() else []
+        pool = _images_in(base / "test" / name) if (base / "test" / name).is_dir() else []
+        pool = _shuffled(pool, cfg.split_seed, name)
+        n_train = int(len(pool) * cfg.mvtec_train_fraction)
+        rest = pool[n_train:]
+        n_val = int(round(len(rest) * cfg.mvtec_val_fraction))
+        chosen = {"train": official_train + pool[:n_train], "val": rest[:n_val], "test": rest[n_val:]}[role]
+        files[name] = sorted(chosen)
+    return _listing(classes, cfg.negative_class, base, files)
+
+
+LAYOUTS: dict[str, Callable[[DataConfig, str], Listing]] = {
+    "imagefolder": imagefolder,
+    "mvtec": mvtec,
+}

@@ -1,0 +1,114 @@
+"""Defects drawn onto a `Canvas`: one function per class, registered by name.
+
+Each takes a severity `v` in (0, 1]: low severity means a faint or small defect (low
+contrast, short, narrow). Sizes are fractions of the picture, so a data set rendered
+at another resolution looks the same. Everything is vectorised over the pixel grid;
+lines are exact distances to a polyline, a few dozen segments each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from dtrain.data.synth_surface import Canvas, Rng, fractal
+
+
+def polyline_distance(c: Canvas, pts: np.ndarray) -> np.ndarray:
+    d2 = np.full((c.n, c.n), np.inf, np.float32)
+    for (ax, ay), (bx, by) in zip(pts[:-1], pts[1:]):
+        dx, dy = bx - ax, by - ay
+        t = np.clip(((c.xx - ax) * dx + (c.yy - ay) * dy) / (dx * dx + dy * dy + 1e-9), 0, 1)
+        np.minimum(d2, (c.xx - ax - t * dx) ** 2 + (c.yy - ay - t * dy) ** 2, out=d2)
+    return np.sqrt(d2)
+
+
+def _walk(rng: Rng, start: np.ndarray, heading: float, length: float, steps: int, turn: float, jitter: float) -> np.ndarray:
+    """A path of `steps` segments: constant turn rate plus random heading jitter."""
+    headings = heading + turn * np.arange(steps) + np.cumsum(rng.normal(0, jitter, steps))
+    step = length / steps
+    moves = np.stack([np.cos(headings), np.sin(headings)], axis=1) * step
+    return np.vstack([start, start + np.cumsum(moves, axis=0)]).astype(np.float32)
+
+
+def _inside(rng: Rng, n: int, margin: float = 0.12) -> np.ndarray:
+    return rng.uniform(margin * n, (1 - margin) * n, 2).astype(np.float32)
+
+
+def scratch(rng: Rng, c: Canvas, v: float) -> None:
+    length = c.n * rng.uniform(0.25, 0.75) * (0.55 + 0.45 * v)
+    pts = _walk(rng, _inside(rng, c.n, 0.2), rng.uniform(0, 2 * np.pi), length, 24, rng.normal(0, 0.02), 0.01)
+    width = c.n * rng.uniform(0.006, 0.012) * (0.7 + 0.5 * v)
+    line = np.exp(-((polyline_distance(c, pts) / width) ** 2))
+    # A scratch is a groove whose walls catch the light: mostly bright, sometimes dark.
+    sign = 1.0 if rng.random() < 0.7 else -0.7
+    c.albedo *= 1 + sign * v * rng.uniform(0.25, 0.5) * line
+    c.height -= v * width * 1.5 * line
+
+
+def crack(rng: Rng, c: Canvas, v: float) -> None:
+    length = c.n * rng.uniform(0.2, 0.55) * (0.6 + 0.4 * v)
+    start = _inside(rng, c.n, 0.2)
+    paths = [_walk(rng, start, rng.uniform(0, 2 * np.pi), length, 30, 0.0, 0.35)]
+    if rng.random() < 0.5:  # a side branch from somewhere along the crack
+        k = int(rng.integers(8, 22))
+        paths.append(_walk(rng, paths[0][k], rng.uniform(0, 2 * np.pi), length * 0.45, 14, 0.0, 0.4))
+    width = c.n * rng.uniform(0.004, 0.008) * (0.7 + 0.5 * v)
+    for pts in paths:
+        line = np.exp(-((polyline_distance(c, pts) / width) ** 2))
+        c.albedo *= 1 - v * rng.uniform(0.45, 0.75) * line
+        c.height -= v * width * line
+
+
+def dent(rng: Rng, c: Canvas, v: float) -> None:
+    cx, cy = _inside(rng, c.n, 0.18)
+    r = c.n * rng.uniform(0.06, 0.13) * (0.6 + 0.4 * v)
+    angle, aspect = rng.uniform(0, np.pi), rng.uniform(0.7, 1.3)
+    du, dv = c.xx - cx, c.yy - cy
+    a = (du * np.cos(angle) + dv * np.sin(angle)) / (r * aspect)
+    b = (-du * np.sin(angle) + dv * np.cos(angle)) / r
+    bump = np.exp(-0.5 * (a * a + b * b))
+    # Shading goes with slope ~ depth / r: depth scales with r to keep it visible.
+    c.height -= v * r * rng.uniform(2.0, 3.5) * bump
+    c.albedo *= 1 - v * 0.08 * bump
+
+
+def pit(rng: Rng, c: Canvas, v: float) -> None:
+    centre = _inside(rng, c.n, 0.15)
+    count = int(rng.integers(1, 5))
+    for _ in range(count):
+        x, y = centre + rng.normal(0, c.n * 0.05, 2)
+        r = c.n * rng.uniform(0.012, 0.028) * (0.6 + 0.4 * v)
+        d = np.hypot(c.xx - x, c.yy - y)
+        core = 1 / (1 + np.exp((d - r) / (0.25 * r + 0.3)))
+        c.albedo *= 1 - v * rng.uniform(0.5, 0.8) * core
+        c.height -= v * r * 1.5 * core
+
+
+def stain(rng: Rng, c: Canvas, v: float) -> None:
+    cx, cy = _inside(rng, c.n, 0.15)
+    radius = c.n * rng.uniform(0.1, 0.24) * (0.6 + 0.4 * v)
+    d = np.hypot(c.xx - cx, c.yy - cy) / radius
+    field = 1 - d + 0.35 * fractal(rng, c.n, 3.2)
+    mask = 1 / (1 + np.exp(np.clip(-field / 0.08, -30, 30)))
+    kind = int(rng.integers(3))
+    if kind == 0:  # rust: warm, darker
+        tint = np.array([1.0, 0.78, 0.55], np.float32)
+    elif kind == 1:  # oil: dark, slightly cool
+        tint = np.array([0.72, 0.72, 0.8], np.float32)
+    else:  # dried coolant: a tide-mark ring, yellowish
+        tint = np.array([1.0, 0.93, 0.7], np.float32)
+        mask = np.clip(mask * (1 - mask) * 4, 0, 1) * 0.8 + mask * 0.2
+    strength = v * rng.uniform(0.5, 0.9)
+    c.color *= 1 - (strength * mask)[..., None] * (1 - tint)
+    c.albedo *= 1 - strength * 0.2 * mask
+
+
+DEFECTS: dict[str, Callable[[Rng, Canvas, float], None]] = {
+    "scratch": scratch,
+    "dent": dent,
+    "stain": stain,
+    "crack": crack,
+    "pit": pit,
+}

@@ -1,0 +1,125 @@
+"""Image preparation shared by training, evaluation and inference.
+
+Images travel as uint8 tensors [3, S, S] from disk to the training device: they are
+4x smaller than float32 in worker-to-main transfers and pinned copies, and the float
+conversion + normalisation (`normalize_batch`) runs once per batch on the device.
+
+The one resize rule (`resize_uint8`: squash to S x S, antialiased) is used by the
+datasets and by `preprocess_image`, so a served model sees exactly what it was trained
+on. Squashing instead of cropping keeps a defect near the border in the picture.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torchvision.io import ImageReadMode, decode_image
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
+
+# ImageNet statistics: a `pretrained: PATH` ResNet expects them, and for random init
+# any fixed affine map is as good as another. Stored in every checkpoint.
+MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
+STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
+
+
+def decode_uint8(data: torch.Tensor) -> torch.Tensor:
+    """Encoded image bytes (uint8 1-D tensor) -> uint8 [3, H, W] RGB.
+
+    Grey and RGBA files become RGB; 16-bit PNGs are reduced to 8 bits.
+    """
+    img = decode_image(data, mode=ImageReadMode.RGB)
+    if img.dtype == torch.uint16:
+        img = (img.to(torch.int32) >> 8).to(torch.uint8)
+    return img
+
+
+def resize_uint8(img: torch.Tensor, size: int) -> torch.Tensor:
+    if img.shape[-2:] == (size, size):
+        return img
+    return F.resize(img, [size, size], antialias=True)
+
+
+def preprocess_image(image: Any, size: int) -> torch.Tensor:
+    """PIL image, array/tensor (HWC or CHW, grey or RGB), encoded bytes or a path ->
+    uint8 [3, size, size], prepared exactly like the training images (minus augmentation)."""
+    if isinstance(image, (str, Path)):
+        image = Path(image).read_bytes()
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        img = decode_uint8(torch.frombuffer(bytearray(image), dtype=torch.uint8))
+    elif isinstance(image, torch.Tensor):
+        img = _as_chw_uint8(image)
+    elif hasattr(image, "convert") and hasattr(image, "size"):  # PIL.Image
+        img = F.pil_to_tensor(image.convert("RGB"))
+    else:
+        import numpy as np
+
+        img = _as_chw_uint8(torch.from_numpy(np.ascontiguousarray(image)))
+    return resize_uint8(img, size).contiguous()
+
+
+def _as_chw_uint8(t: torch.Tensor) -> torch.Tensor:
+    if t.ndim == 2:
+        t = t.unsqueeze(0)
+    if t.ndim != 3:
+        raise ValueError(f"expected an image with 2 or 3 dimensions, got shape {tuple(t.shape)}")
+    if t.shape[0] not in (1, 3, 4) and t.shape[-1] in (1, 3, 4):
+        t = t.permute(2, 0, 1)  # HWC -> CHW
+    if t.dtype != torch.uint8:
+        if t.is_floating_point():
+            t = (t.clamp(0, 1) * 255).round()
+        t = t.to(torch.uint8)
+    if t.shape[0] == 1:
+        t = t.expand(3, -1, -1)
+    elif t.shape[0] == 4:
+        t = t[:3]
+    return t
+
+
+def normalize_batch(
+    images: torch.Tensor, channels_last: bool = False, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """uint8 [B, 3, S, S] (on any device) -> normalised float [B, 3, S, S].
+
+    One fused pass: (x - 255*mean) * (1 / (255*std)).
+    """
+    mean = torch.tensor(MEAN, device=images.device, dtype=torch.float32).view(1, 3, 1, 1) * 255.0
+    inv_std = 1.0 / (torch.tensor(STD, device=images.device, dtype=torch.float32).view(1, 3, 1, 1) * 255.0)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    out = torch.empty(images.shape, dtype=torch.float32, device=images.device, memory_format=fmt)
+    torch.sub(images, mean, out=out)
+    out.mul_(inv_std)
+    return out if dtype == torch.float32 else out.to(dtype)
+
+
+class RandomRot90(torch.nn.Module):
+    """Rotate by a random multiple of 90 degrees: parts have no canonical orientation,
+    and unlike free rotation it needs no interpolation and never cuts off a corner."""
+
+    def forward(self, img: torch.Tensor) -> torch.Tensor:
+        k = int(torch.randint(0, 4, ()).item())
+        return torch.rot90(img, k, dims=(-2, -1)) if k else img
+
+
+def train_augmentation() -> v2.Transform:
+    """Inspection-safe augmentation on uint8: geometry that keeps every pixel, and a
+    small brightness/contrast jitter. No hue/saturation changes (they could hide a
+    stain) and no crops (they could cut a defect out)."""
+    return v2.Compose(
+        [
+            v2.RandomHorizontalFlip(),
+            v2.RandomVerticalFlip(),
+            RandomRot90(),
+            v2.ColorJitter(brightness=0.1, contrast=0.1),
+        ]
+    )
+
+
+def load_image_file(path: str) -> torch.Tensor:
+    """Read and decode one file; raises on unreadable or corrupt data."""
+    from torchvision.io import read_file
+
+    return decode_uint8(read_file(path))
+
