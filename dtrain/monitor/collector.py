@@ -1,0 +1,215 @@
+"""The head collector: polls every node's agent once a second and stores what it gets.
+
+    c = Collector(job_dir, {"node1": "http://10.0.0.1:9464", ...}).start()
+    ...
+    c.stop()
+
+Series go to `job_dir/metrics.sqlite` (see store.py), so they outlive the cluster. A node
+whose agent misses `miss_limit` polls in a row is marked "not reporting" (an event, a
+finding, a line in `job_dir/monitor.log` and the `on_finding` callback); with the
+defaults that happens 3-5 s after the agent dies. Findings are re-evaluated every
+`findings_every_s` and each new one is announced once.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+from dtrain.monitor import findings as rules
+from dtrain.monitor.store import Store
+
+LOG_NAME = "monitor.log"
+
+
+class _NodeState:
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        self.misses = 0
+        self.reporting: bool | None = None  # None until the first answer or verdict
+        self.prev: dict[str, Any] | None = None  # last snapshot, for counter deltas
+
+
+class Collector:
+    def __init__(
+        self,
+        job_dir: str | Path,
+        endpoints: dict[str, str],
+        clock: Callable[[], float] = time.time,
+        *,
+        interval_s: float = 1.0,
+        miss_limit: int = 3,
+        findings_every_s: float = 5.0,
+        on_finding: Callable[[rules.Finding], None] | None = None,
+    ) -> None:
+        self.job_dir = Path(job_dir)
+        self.clock = clock
+        self.interval_s = interval_s
+        self.miss_limit = miss_limit
+        self.findings_every_s = findings_every_s
+        self.on_finding = on_finding
+        self.nodes = {name: _NodeState(url) for name, url in endpoints.items()}
+        self.store = Store.for_job(self.job_dir)
+        self.store.set_meta(job=self.job_dir.name, endpoints=endpoints, started=clock())
+        for name, st in self.nodes.items():
+            self.store.upsert_node(name, st.url, clock(), "pending")
+        self._pool = ThreadPoolExecutor(max_workers=min(32, max(1, len(self.nodes))), thread_name_prefix="poll")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._next_findings = 0.0
+
+    # -- lifecycle -----------------------------------------------------------------
+    def start(self) -> "Collector":
+        self._thread = threading.Thread(target=self._run, name="dtrain-collector", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._evaluate(force=True)
+        self.store.set_meta(stopped=self.clock())
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.store.close()
+
+    def _run(self) -> None:
+        next_t = time.monotonic()
+        while not self._stop.is_set():
+            self.poll_once()
+            next_t += self.interval_s
+            self._stop.wait(max(0.0, next_t - time.monotonic()))
+            if next_t < time.monotonic():
+                next_t = time.monotonic()
+
+    # -- one poll ------------------------------------------------------------------
+    def poll_once(self) -> None:
+        timeout = max(0.2, self.interval_s * 0.9)
+        futures = {name: self._pool.submit(_fetch, st.url + "/snapshot", timeout) for name, st in self.nodes.items()}
+        t = self.clock()
+        node_rows, gpu_rows, rank_rows = [], [], []
+        for name, fut in futures.items():
+            st = self.nodes[name]
+            try:
+                snap = fut.result()
+            except Exception as exc:  # refused, timeout, bad JSON: all mean "no answer"
+                self._missed(name, st, t, exc)
+                continue
+            self._answered(name, st, t)
+            host = snap.get("host") or {}
+            node_rows.append((name, _node_row(host), json.dumps(_detail(host))))
+            for g in host.get("gpus") or []:
+                gpu_rows.append((name, int(g["gpu"]), g))
+            for rank, row in _rank_rows(snap, st.prev):
+                rank_rows.append((name, rank, row))
+            st.prev = snap
+        self.store.write_poll(t, node_rows, gpu_rows, rank_rows)
+        self._evaluate()
+
+    def _missed(self, name: str, st: _NodeState, t: float, exc: Exception) -> None:
+        st.misses += 1
+        if st.misses >= self.miss_limit and st.reporting is not False:
+            st.reporting = False
+            msg = f"node {name} stopped reporting: {st.misses} polls of {st.url} failed ({_reason(exc)})"
+            self.store.set_state(name, "not_reporting", t, msg)
+            self._announce(rules.Finding("not_reporting", msg, t, node=name), key_suffix=f":{t:.0f}")
+
+    def _answered(self, name: str, st: _NodeState, t: float) -> None:
+        if st.reporting is not True:
+            state_msg = "reporting again" if st.reporting is False else "reporting"
+            self.store.set_state(name, "reporting", t, f"node {name} {state_msg}")
+            if st.reporting is False:
+                self._log(t, f"node {name} is reporting again")
+            st.reporting = True
+        st.misses = 0
+
+    # -- findings --------------------------------------------------------------------
+    def _evaluate(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now < self._next_findings:
+            return
+        self._next_findings = now + self.findings_every_s
+        span = self.store.time_range()
+        if span is None:
+            return
+        since = span[1] - max(rules.WINDOW_S, rules.IDLE_SECONDS) - 5.0
+        found = rules.analyze([], self.store.rank_series(since), self.store.gpu_series(since))
+        for f in found:
+            self._announce(f)
+
+    def _announce(self, f: rules.Finding, key_suffix: str = "") -> None:
+        if self.store.add_finding(f.key + key_suffix, f.t, f.kind, f.node, f.rank, f.gpu, f.message):
+            self._log(f.t, f.message)
+            if self.on_finding is not None:
+                self.on_finding(f)
+
+    def _log(self, t: float, message: str) -> None:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
+        with open(self.job_dir / LOG_NAME, "a") as fh:
+            fh.write(f"{stamp}Z {message}\n")
+
+
+def _fetch(url: str, timeout: float) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def _reason(exc: Exception) -> str:
+    return str(getattr(exc, "reason", None) or exc) or type(exc).__name__
+
+
+def _node_row(host: dict[str, Any]) -> dict[str, Any]:
+    disk = host.get("disk") or {}
+    job = host.get("job") or {}
+    return {
+        "cpu": host.get("cpu"),
+        "mem_used": host.get("mem_used"),
+        "mem_total": host.get("mem_total"),
+        "net_rx_bps": host.get("net_rx_bps"),
+        "net_tx_bps": host.get("net_tx_bps"),
+        "disk_read_bps": disk.get("read_bps"),
+        "disk_write_bps": disk.get("write_bps"),
+        "disk_read_iops": disk.get("read_iops"),
+        "disk_write_iops": disk.get("write_iops"),
+        "job_cpu": job.get("cpu"),
+        "job_rss": job.get("rss"),
+        "job_procs": job.get("processes"),
+    }
+
+
+def _detail(host: dict[str, Any]) -> dict[str, Any]:
+    """Per-core and per-interface values, kept as JSON: wanted rarely, never queried by."""
+    return {
+        "cpu_cores": host.get("cpu_cores"),
+        "net": {nic: [v.get("rx_bps"), v.get("tx_bps")] for nic, v in (host.get("net") or {}).items()},
+        "procs": [{k: p.get(k) for k in ("pid", "name", "rank", "cpu_cores", "rss")} for p in (host.get("job") or {}).get("procs", [])],
+    }
+
+
+def _rank_rows(snap: dict[str, Any], prev: dict[str, Any] | None):
+    """Per rank: the poll interval's mean step time, data wait and throughput from the
+    agent's counters. An agent that restarted (new `started`) resets the baseline."""
+    prev_ranks = {}
+    if prev is not None and prev.get("started") == snap.get("started"):
+        prev_ranks = prev.get("ranks") or {}
+    dt = None if prev is None else snap.get("t", 0) - prev.get("t", 0)
+    for key, r in (snap.get("ranks") or {}).items():
+        p = prev_ranks.get(key) or {"steps_total": 0, "step_time_total": 0.0, "data_wait_total": 0.0, "samples_total": 0}
+        steps = r["steps_total"] - p["steps_total"]
+        if steps < 0:
+            continue
+        row = {
+            "step": r.get("step"), "epoch": r.get("epoch"), "loss": r.get("loss"), "lr": r.get("lr"),
+            "steps": steps,
+            "step_time": (r["step_time_total"] - p["step_time_total"]) / steps if steps else None,
+            "data_wait": (r["data_wait_total"] - p["data_wait_total"]) / steps if steps else None,
+            "samples_per_s": (r["samples_total"] - p["samples_total"]) / dt if dt and dt > 0 and prev_ranks else None,
+            "steps_total": r["steps_total"], "step_time_total": r["step_time_total"],
+            "data_wait_total": r["data_wait_total"], "samples_total": r["samples_total"],
+        }  # fmt: skip
+        yield int(key), row

@@ -1,0 +1,158 @@
+"""Findings: what is wrong, in words, computed from stored series by pure functions.
+
+Inputs are the column dicts `Store.*_series()` returns ({key: {column: [values]}}), so
+the same rules run live in the collector and `top`, and afterwards in the report.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+STRAGGLER_RATIO = 1.2  # a rank's median step time over the cluster median
+STARVATION_RATIO = 0.2  # data wait over step time
+IDLE_UTIL = 0.10  # GPU utilisation below this ...
+IDLE_SECONDS = 300.0  # ... for this long while the job runs
+WINDOW_S = 60.0
+MAX_GAP_S = 5.0  # a hole this long in a GPU's samples breaks an idle stretch
+
+Series = dict[Any, dict[str, list]]
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    kind: str  # straggler | data_starvation | idle_gpu | not_reporting
+    message: str
+    t: float
+    node: str | None = None
+    rank: int | None = None
+    gpu: int | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}:{self.node}:{self.rank}:{self.gpu}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "node": self.node, "rank": self.rank, "gpu": self.gpu, "t": self.t,
+                "message": self.message}  # fmt: skip
+
+
+def _window(series: dict[str, list], start: float | None) -> list[int]:
+    """Indices of intervals with finished steps at or after `start`."""
+    return [i for i, (t, n) in enumerate(zip(series["t"], series["steps"])) if n and (start is None or t >= start)]
+
+
+def _weighted_median(values: list[float], weights: list[int]) -> float:
+    pairs = sorted(zip(values, weights))
+    half, acc = sum(weights) / 2.0, 0
+    for value, weight in pairs:
+        acc += weight
+        if acc >= half:
+            return value
+    return pairs[-1][0]
+
+
+def stragglers(ranks: Series, start: float | None = None, ratio: float = STRAGGLER_RATIO) -> list[Finding]:
+    """Ranks whose median step time since `start` exceeds `ratio` x the cluster median."""
+    medians: dict[tuple, tuple[float, float]] = {}
+    for key, s in ranks.items():
+        idx = _window(s, start)
+        if idx:
+            # weighted by steps: an interval with 50 steps says more than one with 1
+            med = _weighted_median([s["step_time"][i] for i in idx], [s["steps"][i] for i in idx])
+            medians[key] = (med, s["t"][idx[-1]])
+    if len(medians) < 2:
+        return []
+    cluster = statistics.median(m for m, _ in medians.values())
+    out = []
+    for (node, rank), (med, t) in sorted(medians.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        if cluster > 0 and med > ratio * cluster:
+            out.append(Finding(
+                "straggler",
+                f"rank {rank} on {node} is a straggler: median step {med:.3g} s vs cluster median "
+                f"{cluster:.3g} s ({med / cluster:.1f}x)",
+                t, node=node, rank=rank,
+            ))  # fmt: skip
+    return out
+
+
+def data_starvation(ranks: Series, start: float | None = None, ratio: float = STARVATION_RATIO) -> list[Finding]:
+    """Ranks that spend more than `ratio` of their step time waiting for data."""
+    out = []
+    for (node, rank), s in sorted(ranks.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        idx = _window(s, start)
+        step = sum(s["step_time"][i] * s["steps"][i] for i in idx)
+        wait = sum((s["data_wait"][i] or 0.0) * s["steps"][i] for i in idx)
+        if step > 0 and wait / step > ratio:
+            out.append(Finding(
+                "data_starvation",
+                f"rank {rank} on {node} waits for data {wait / step:.0%} of its step time "
+                f"(> {ratio:.0%}): add data loader workers or move the data closer",
+                s["t"][idx[-1]], node=node, rank=rank,
+            ))  # fmt: skip
+    return out
+
+
+def idle_gpus(gpus: Series, min_idle_s: float = IDLE_SECONDS, util: float = IDLE_UTIL) -> list[Finding]:
+    """GPUs whose utilisation stayed below `util` for at least `min_idle_s` (longest stretch)."""
+    out = []
+    for (node, gpu), s in sorted(gpus.items()):
+        longest, run_start, prev_t = (0.0, 0.0, 0.0), None, None
+        for t, u in zip(s["t"], s["util"]):
+            idle = u is not None and u < util
+            if run_start is not None and (not idle or (prev_t is not None and t - prev_t > MAX_GAP_S)):
+                run_start = None
+            if idle and run_start is None:
+                run_start = t
+            if run_start is not None and t - run_start > longest[0]:
+                longest = (t - run_start, run_start, t)
+            prev_t = t
+        if longest[0] >= min_idle_s:
+            out.append(Finding(
+                "idle_gpu",
+                f"GPU {gpu} on {node} was idle (< {util:.0%} utilisation) for {longest[0] / 60:.1f} min "
+                "while the job ran",
+                longest[2], node=node, gpu=gpu,
+            ))  # fmt: skip
+    return out
+
+
+def not_reporting(nodes: Iterable[dict[str, Any]]) -> list[Finding]:
+    """Nodes the collector currently marks as not reporting."""
+    return [
+        Finding("not_reporting", f"node {n['node']} stopped reporting (agent unreachable since "
+                f"{n['state_since']:.0f})", n["state_since"], node=n["node"])  # fmt: skip
+        for n in nodes
+        if n.get("state") == "not_reporting"
+    ]
+
+
+def analyze(nodes: list[dict[str, Any]], ranks: Series, gpus: Series, *, window_s: float | None = WINDOW_S,
+            idle_s: float = IDLE_SECONDS) -> list[Finding]:  # fmt: skip
+    """Every rule; the straggler and starvation window ends at the newest rank sample
+    (so a finished job is judged on its last minute; window_s=None: the whole run)."""
+    newest = max((s["t"][-1] for s in ranks.values() if s["t"]), default=None)
+    start = None if window_s is None or newest is None else newest - window_s
+    return [
+        *not_reporting(nodes),
+        *stragglers(ranks, start),
+        *data_starvation(ranks, start),
+        *idle_gpus(gpus, idle_s),
+    ]
+
+
+def from_store(store: Any, *, window_s: float | None = WINDOW_S, idle_s: float = IDLE_SECONDS) -> list[Finding]:
+    """Current findings plus the ones the collector recorded while the job ran."""
+    since = 0.0
+    if window_s is not None:
+        span = store.time_range()
+        since = 0.0 if span is None else span[1] - max(window_s, idle_s) - 5.0
+    live = analyze(store.nodes(), store.rank_series(since), store.gpu_series(since), window_s=window_s, idle_s=idle_s)
+    seen = {f.key for f in live}
+    recorded = [
+        Finding(r["kind"], r["message"], r["t"], r["node"], r["rank"], r["gpu"])
+        for r in store.findings()
+        if f"{r['kind']}:{r['node']}:{r['rank']}:{r['gpu']}" not in seen
+    ]
+    return sorted(live + recorded, key=lambda f: f.t)

@@ -1,0 +1,162 @@
+"""The node agent and the head collector on this host: real agent processes on
+loopback, real rank processes calling report_step, real SQLite."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from dtrain.monitor.api import agent_argv, agent_env, agent_url
+from dtrain.monitor.collector import Collector
+from dtrain.monitor.metrics import METRICS
+from dtrain.monitor.store import Store
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A stand-in training rank: `steps` steps of `sleep` seconds, reported like the trainer does.
+RANK_CODE = """
+import sys, time
+from dtrain.monitor.report import report_step
+steps, sleep = int(sys.argv[1]), float(sys.argv[2])
+for i in range(steps):
+    t0 = time.perf_counter()
+    time.sleep(sleep)
+    report_step(step=i, epoch=0, loss=1.0 / (i + 1), lr=0.1, step_time_s=time.perf_counter() - t0,
+                data_wait_s=0.1 * sleep, samples=8)
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=1).read()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def start_agent(job: str, node: str, port: int, prefix: list[str] = (), bind: str = "127.0.0.1") -> subprocess.Popen:
+    argv = [*prefix, *agent_argv(job, node, bind, port, sys.executable)]
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, cwd=REPO)
+    wait_http(agent_url(bind, port) + "/healthz")
+    return proc
+
+
+def start_rank(rank: int, port: int, steps: int, sleep: float, prefix: list[str] = ()) -> subprocess.Popen:
+    env = {**os.environ, **agent_env(port), "RANK": str(rank), "DTRAIN_JOB_ID": "jobX"}
+    return subprocess.Popen([*prefix, sys.executable, "-c", RANK_CODE, str(steps), str(sleep)], env=env, cwd=REPO)
+
+
+def readme_metrics() -> dict[str, str]:
+    """metric name -> its README row (the README's "Metrics" section)."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("## Metrics", 1)[1].split("\n## ", 1)[0]
+    return {m.group(1): line for line in section.splitlines() if (m := re.match(r"\| `(dtrain_\w+)`", line))}
+
+
+@pytest.fixture
+def agent():
+    port = free_port()
+    proc = start_agent("jobX", "nodeA", port)
+    yield port, proc
+    proc.stdin.close()  # the agent ends when its stdin closes, like over SSH
+    assert proc.wait(timeout=10) == 0
+
+
+def test_prometheus_endpoint_parses_and_has_every_documented_metric(agent):
+    port, _ = agent
+    start_rank(0, port, steps=3, sleep=0.01).wait(timeout=30)
+    time.sleep(0.2)  # datagrams are asynchronous
+    text = urllib.request.urlopen(agent_url("127.0.0.1", port) + "/metrics", timeout=5).read().decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    exposed = {s.name: s for f in families.values() for s in f.samples}
+
+    documented = readme_metrics()
+    assert set(documented) == {m.name for m in METRICS}, "README's metric list drifted from metrics.py"
+    have_gpu = any(n.startswith("dtrain_gpu_") for n in exposed)
+    for name, row in documented.items():
+        if "NVIDIA GPUs only" in row and not have_gpu:
+            continue
+        assert name in exposed, f"{name} is documented but not exposed"
+    for s in exposed.values():
+        assert s.labels["job"] == "jobX" and s.labels["node"] == "nodeA"
+    steps = [s for s in families["dtrain_rank_steps"].samples if s.name == "dtrain_rank_steps_total"]
+    assert [(s.labels["rank"], s.value) for s in steps] == [("0", 3.0)]
+    assert 0.0 <= exposed["dtrain_node_cpu_utilization_ratio"].value <= 1.0
+    assert exposed["dtrain_node_memory_total_bytes"].value > 1e8
+
+
+def test_agent_listens_on_loopback_by_default():
+    import psutil
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "dtrain.monitor.agent", "--job", "j", "--node", "n", "--port",
+                             str(port)], stdout=subprocess.DEVNULL, cwd=REPO)
+    try:
+        wait_http(agent_url("127.0.0.1", port) + "/healthz")
+        listening = {(c.laddr.ip, c.type) for c in psutil.Process(proc.pid).net_connections("inet")
+                     if c.laddr and c.laddr.port == port}
+        assert listening == {("127.0.0.1", socket.SOCK_STREAM), ("127.0.0.1", socket.SOCK_DGRAM)}
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0
+
+
+def test_collector_stores_series_flags_straggler_and_dead_node(tmp_path):
+    ports = {"n1": free_port(), "n2": free_port()}
+    agents = {n: start_agent("jobX", n, p) for n, p in ports.items()}
+    job_dir = tmp_path / "job"
+    found = []
+    coll = Collector(job_dir, {n: agent_url("127.0.0.1", p) for n, p in ports.items()}, on_finding=found.append,
+                     findings_every_s=1.0).start()
+    try:
+        ranks = [start_rank(0, ports["n1"], 40, 0.05), start_rank(1, ports["n2"], 40, 0.05),
+                 start_rank(2, ports["n2"], 12, 0.25)]
+        for r in ranks:
+            assert r.wait(timeout=60) == 0
+        time.sleep(2.5)
+        stragglers = [f for f in found if f.kind == "straggler"]
+        assert [(f.node, f.rank) for f in stragglers] == [("n2", 2)], found
+
+        agents["n1"].send_signal(signal.SIGKILL)
+        agents["n1"].wait()
+        killed = time.monotonic()
+        while not any(f.kind == "not_reporting" for f in found) and time.monotonic() - killed < 10:
+            time.sleep(0.1)
+        dead = [f for f in found if f.kind == "not_reporting"]
+        assert [f.node for f in dead] == ["n1"], found
+        assert time.monotonic() - killed < 10
+    finally:
+        coll.stop()
+        for a in agents.values():
+            a.kill()
+            a.wait()
+    store = Store.for_job(job_dir, readonly=True)
+    nodes = {n["node"]: n for n in store.nodes()}
+    assert nodes["n1"]["state"] == "not_reporting" and nodes["n2"]["state"] == "reporting"
+    series = store.node_series()
+    assert set(series) == {"n1", "n2"} and len(series["n2"]["t"]) >= 3
+    ranks = store.rank_series()
+    assert set(ranks) == {("n1", 0), ("n2", 1), ("n2", 2)}
+    assert sum(ranks[("n2", 2)]["steps"]) == 12
+    assert ranks[("n1", 0)]["steps_total"][-1] == 40
+    assert "n1 stopped reporting" in (job_dir / "monitor.log").read_text()
