@@ -1,0 +1,100 @@
+"""The findings rules on hand-made series (numbers chosen so each verdict is checkable)."""
+
+from __future__ import annotations
+
+from dtrain.monitor import findings as F
+
+
+def rank_series(step_times, t0=0.0, steps=10, data_wait=None):
+    n = len(step_times)
+    return {
+        "t": [t0 + i for i in range(n)],
+        "steps": [steps] * n,
+        "step_time": list(step_times),
+        "data_wait": list(data_wait) if data_wait is not None else [0.0] * n,
+    }
+
+
+def test_straggler_is_the_rank_above_1_2x_the_cluster_median():
+    ranks = {
+        ("h1", 0): rank_series([0.10] * 10),
+        ("h1", 1): rank_series([0.11] * 10),
+        ("h2", 2): rank_series([0.10] * 10),
+        ("h2", 3): rank_series([0.13] * 10),  # 0.13 > 1.2 * 0.105 = 0.126
+    }
+    found = F.stragglers(ranks)
+    assert [(f.node, f.rank, f.kind) for f in found] == [("h2", 3, "straggler")]
+    assert "rank 3 on h2" in found[0].message
+
+
+def test_no_straggler_at_exactly_the_threshold_or_alone():
+    ranks = {("h1", 0): rank_series([0.10] * 5), ("h1", 1): rank_series([0.10] * 5),
+             ("h1", 2): rank_series([0.12] * 5)}  # median 0.10 -> 0.12 is not > 0.12
+    assert F.stragglers(ranks) == []
+    assert F.stragglers({("h1", 0): rank_series([5.0] * 5)}) == []
+
+
+def test_straggler_window_only_counts_recent_intervals():
+    # rank 1 was slow for its first 15 s and is fine in its last 5 s
+    ranks = {("h1", 0): rank_series([0.1] * 20), ("h1", 1): rank_series([0.5] * 15 + [0.1] * 5)}
+    assert [f.rank for f in F.stragglers(ranks)] == [1]
+    assert F.stragglers(ranks, start=15.0) == []
+
+
+def test_straggler_median_is_weighted_by_steps():
+    slow_few = {"t": [0, 1, 2], "steps": [1, 1, 30], "step_time": [1.0, 1.0, 0.1], "data_wait": [0, 0, 0]}
+    ranks = {("h1", 0): rank_series([0.1] * 3), ("h1", 1): slow_few}
+    assert F.stragglers(ranks) == []  # 30 of its 32 steps took 0.1 s
+
+
+def test_intervals_without_steps_are_ignored():
+    idle = {"t": [0, 1, 2], "steps": [0, 0, 0], "step_time": [None] * 3, "data_wait": [None] * 3}
+    ranks = {("h1", 0): rank_series([0.1] * 3), ("h1", 1): rank_series([0.1] * 3), ("h1", 2): idle}
+    assert F.stragglers(ranks) == [] and F.data_starvation(ranks) == []
+
+
+def test_data_starvation_above_20_percent_of_step_time():
+    ranks = {
+        ("h1", 0): rank_series([0.1] * 5, data_wait=[0.03] * 5),  # 30 %
+        ("h1", 1): rank_series([0.1] * 5, data_wait=[0.02] * 5),  # 20 %: not above
+    }
+    found = F.data_starvation(ranks)
+    assert [(f.node, f.rank) for f in found] == [("h1", 0)]
+    assert "30%" in found[0].message
+
+
+def gpu_series(utils, dt=1.0):
+    return {"t": [i * dt for i in range(len(utils))], "util": list(utils)}
+
+
+def test_idle_gpu_after_five_minutes_below_ten_percent():
+    busy_then_idle = [0.9] * 10 + [0.05] * 301  # idle from t=10 to t=310: 300 s
+    short_idle = [0.9] * 10 + [0.05] * 200 + [0.9] * 10
+    found = F.idle_gpus({("h1", 0): gpu_series(busy_then_idle), ("h1", 1): gpu_series(short_idle)})
+    assert [(f.node, f.gpu) for f in found] == [("h1", 0)]
+    assert "5.0 min" in found[0].message
+
+
+def test_idle_stretch_is_broken_by_busy_samples_and_gaps():
+    flicker = ([0.05] * 200 + [0.5]) * 2
+    assert F.idle_gpus({("h1", 0): gpu_series(flicker)}) == []
+    gappy = {"t": [0, 100, 200, 300, 400], "util": [0.0] * 5}  # 100 s holes: no evidence
+    assert F.idle_gpus({("h1", 0): gappy}) == []
+    assert F.idle_gpus({("h1", 0): gpu_series([0.0] * 31)}, min_idle_s=30) != []
+    assert F.idle_gpus({("h1", 0): gpu_series([None] * 400)}) == []  # no reading is not idle
+
+
+def test_not_reporting_nodes():
+    nodes = [{"node": "h1", "state": "reporting", "state_since": 1.0},
+             {"node": "h2", "state": "not_reporting", "state_since": 5.0}]
+    found = F.not_reporting(nodes)
+    assert [(f.kind, f.node, f.t) for f in found] == [("not_reporting", "h2", 5.0)]
+
+
+def test_analyze_uses_a_window_ending_at_the_newest_sample():
+    early_slow = rank_series([0.5] * 100 + [0.1] * 100)
+    ranks = {("h1", 0): rank_series([0.1] * 200), ("h1", 1): early_slow}
+    assert F.analyze([], ranks, {}, window_s=60) == []
+    assert [f.rank for f in F.analyze([], ranks, {}, window_s=None)] == []  # weighted median over the run: tie
+    ranks[("h1", 1)] = rank_series([0.5] * 150 + [0.1] * 50)
+    assert [f.rank for f in F.analyze([], ranks, {}, window_s=None)] == [1]
