@@ -1,9 +1,28 @@
-"""Commands of this module are registered on the root app by `register`."""
+"""`dtrain train CONFIG [--nproc N] [--set k=v ...] [--resume]`."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import typer
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("train")(train)
+
+
+def train(
+    config: Path = typer.Argument(None, help="Training config YAML (the defaults when omitted)."),
+    nproc: int = typer.Option(None, "--nproc", min=1, help="Local ranks. Default: one per GPU, else 2 (capped by the cores)."),
+    overrides: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a config key, e.g. --set optim.lr=0.001"),
+    resume: bool = typer.Option(False, "--resume", help="Continue from OUTPUT/checkpoints/last.pt."),
+) -> None:
+    """Train with DDP on this machine's devices (the same trainer torchrun runs)."""
+    from dtrain.configio import load_config
+    from dtrain.train.config import TrainConfig
+
+    # Validate here, before any process starts, so a typo costs no launch.
+    load_config(TrainConfig, config, overrides)
+    from dtrain.train.launch import default_nproc, launch_local
+
+    launch_local(str(config) if config else None, list(overrides), resume, nproc or default_nproc())

@@ -37,5 +37,13 @@ class TrainConfig(StrictModel):
     deterministic: bool = False
     output_dir: str = "runs/train"
     checkpoint_every: int = Field(1, ge=1)  # epochs
+    # How many ckpt-epochNNNN.pt files to keep (the oldest go first); last.pt is extra.
+    keep_checkpoints: int = Field(3, ge=1)
     log_every: int = Field(10, ge=1)  # steps
     max_steps: int | None = Field(None, ge=1)  # stop early (tests, benchmarks)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    # torch intra-op threads per rank; None = this node's cores / its number of ranks
+    # (more threads than cores makes every rank's OpenMP spin against the others).
+    threads: int | None = Field(None, ge=1)
+    # torch.compile the model (first steps pay the compile time).
+    compile: bool = False

@@ -1,0 +1,105 @@
+"""Who am I in the job: process group setup/teardown and cross-rank reductions.
+
+The same code runs in a plain process (no RANK in the environment: a world of one, no
+process group at all), under `torchrun`, and under `dtrain train --nproc N` (torch's
+elastic launcher sets the same variables torchrun does).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from dtrain.errors import ConfigError
+
+# The collective backend for each device type; a new accelerator is one more entry.
+BACKENDS = {"cuda": "nccl", "cpu": "gloo"}
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1 or dist.is_initialized()
+
+
+def cpu_count() -> int:
+    """Cores this process may use (the affinity mask, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def pick_device(requested: str, local_rank: int) -> torch.device:
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("device: cuda was asked for but no CUDA GPU is visible", "set device: cpu or auto")
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(requested)
+
+
+def setup(device: str = "auto", timeout_s: float = 600.0) -> DistContext:
+    """Join the process group named by the environment (if any) and pick the device."""
+    env = os.environ
+    if "RANK" not in env:
+        return DistContext(0, 0, 1, 1, pick_device(device, 0))
+    rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+    local_rank = int(env.get("LOCAL_RANK", 0))
+    local_world = int(env.get("LOCAL_WORLD_SIZE", world))
+    dev = pick_device(device, local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend=BACKENDS[dev.type],
+            timeout=timedelta(seconds=timeout_s),
+            # Binding the device lets NCCL set up its communicator eagerly.
+            device_id=dev if dev.type == "cuda" else None,
+        )
+    return DistContext(rank, local_rank, world, local_world, dev)
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:
+    """Sum a few scalars over all ranks in one collective."""
+    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+    if ctx.distributed:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def all_reduce_mean(values: list[float], ctx: DistContext) -> list[float]:
+    return [v / ctx.world_size for v in all_reduce_sum(values, ctx)]
+
+
+def gather_objects(obj: object, ctx: DistContext) -> list[object]:
+    if not ctx.distributed:
+        return [obj]
+    out: list[object] = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.distributed:
+        dist.barrier()

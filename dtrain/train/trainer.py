@@ -1,0 +1,297 @@
+"""The DDP training loop: `run(cfg, resume=False)`.
+
+One entry point for a plain process (a world of one, no process group), `torchrun` and
+`dtrain train --nproc N`. Rank 0 logs and writes checkpoints; every rank reports its
+steps to the monitor (`report_step`), which is a no-op unless an agent is configured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import yaml
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from dtrain.data.transforms import MEAN, STD, normalize_batch
+from dtrain.errors import ConfigError
+from dtrain.models import build_model
+from dtrain.monitor.report import report_step
+from dtrain.train import checkpoint as ckpt
+from dtrain.train import dist, precision
+from dtrain.train.config import TrainConfig
+from dtrain.train.loaders import Loaders, build_loaders
+from dtrain.train.logs import NullLog, RunLog
+from dtrain.train.schedule import build_optimizer, build_scheduler
+
+
+@dataclass
+class TrainResult:
+    world_size: int
+    epochs_done: int
+    steps: int
+    checkpoint: Path | None
+    # Last logged values: train_loss, val_loss, val_accuracy, images_per_s, ...
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class State:
+    """Everything a checkpoint restores, plus the handles the loop steps."""
+
+    raw: nn.Module  # the unwrapped model: what checkpoints hold
+    model: nn.Module  # what the loop calls (DDP and/or compiled)
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    epoch: int = 0  # completed epochs
+    step: int = 0  # optimizer steps so far
+    step_in_epoch: int = 0  # optimizer steps into the current, unfinished epoch
+
+
+def run(cfg: TrainConfig, resume: bool = False, *, stream: TextIO | None = None) -> TrainResult:
+    ctx = dist.setup(cfg.device)
+    try:
+        return _Trainer(cfg, ctx, stream or sys.stderr).fit(resume)
+    finally:
+        dist.teardown()
+
+
+def configure_runtime(cfg: TrainConfig, ctx: dist.DistContext) -> None:
+    torch.set_num_threads(cfg.threads or max(1, dist.cpu_count() // ctx.local_world_size))
+    if cfg.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+    else:
+        torch.backends.cudnn.benchmark = True
+    # The same seed on every rank gives every rank the same initial weights; DDP would
+    # broadcast rank 0's anyway, but this keeps a world of one identical to a world of N.
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed + ctx.rank)
+    np.random.seed((cfg.seed + ctx.rank) % 2**32)
+
+
+class _Trainer:
+    def __init__(self, cfg: TrainConfig, ctx: dist.DistContext, stream: TextIO) -> None:
+        self.cfg, self.ctx = cfg, ctx
+        configure_runtime(cfg, ctx)
+        self.precision = precision.resolve(cfg.precision, ctx.device)
+        self.data: Loaders = build_loaders(cfg.data, ctx, batch_size=cfg.batch_size, seed=cfg.seed)
+        self.steps_per_epoch = len(self.data.train) // cfg.grad_accum
+        if self.steps_per_epoch == 0:
+            per_rank = len(self.data.sampler)
+            raise ConfigError(
+                f"no full step per epoch: {per_rank} training images per rank, batch_size {cfg.batch_size} x grad_accum {cfg.grad_accum}",
+                "lower batch_size or grad_accum, or use more images",
+            )
+        self.total_steps = self.steps_per_epoch * cfg.epochs
+        self.stream = stream
+        self.log: NullLog = NullLog()
+        self.last_metrics: dict[str, float] = {}
+
+    # ---- setup -------------------------------------------------------------------------
+
+    def build_state(self) -> State:
+        cfg, ctx = self.cfg, self.ctx
+        raw = build_model(cfg.model, len(self.data.classes)).to(ctx.device)
+        if cfg.channels_last:
+            raw = raw.to(memory_format=torch.channels_last)
+        # Per-rank randomness (dropout, if a model has it) must differ between ranks.
+        torch.manual_seed(cfg.seed * 1000 + ctx.rank)
+        optimizer = build_optimizer(raw, cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.momentum)
+        scheduler = build_scheduler(optimizer, self.total_steps, cfg.optim.warmup_steps, cfg.optim.min_lr_ratio)
+        model: nn.Module = raw
+        if ctx.distributed:
+            model = DDP(raw, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+        if cfg.compile:
+            model = torch.compile(model)
+        return State(raw, model, optimizer, scheduler, self.precision.grad_scaler(ctx.device))
+
+    def restore(self, state: State) -> None:
+        path = ckpt.find_resume(self.cfg.output_dir)
+        if path is None:
+            self.log.message(f"resume: no checkpoint in {ckpt.checkpoint_dir(self.cfg.output_dir)}; starting fresh")
+            return
+        blob = ckpt.load(path)
+        state.raw.load_state_dict(blob["model"])
+        state.optimizer.load_state_dict(blob["optimizer"])
+        state.scheduler.load_state_dict(blob["scheduler"])
+        state.scaler.load_state_dict(blob["scaler"])
+        state.epoch, state.step, state.step_in_epoch = blob["epoch"], blob["step"], blob["step_in_epoch"]
+        if blob["world_size"] == self.ctx.world_size:
+            ckpt.set_rng_state(blob["rng"][self.ctx.rank])
+        elif state.step_in_epoch:
+            # Another world size splits the epoch differently: restart the epoch.
+            state.step -= state.step_in_epoch
+            state.step_in_epoch = 0
+        self.log.message(f"resumed from {path}: epoch {state.epoch}, step {state.step}")
+
+    # ---- the loop ----------------------------------------------------------------------
+
+    def fit(self, resume: bool) -> TrainResult:
+        cfg, ctx = self.cfg, self.ctx
+        state = self.build_state()
+        if ctx.is_main:
+            Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
+            (Path(cfg.output_dir) / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+        if resume:
+            self.restore(state)
+        if ctx.is_main:
+            self.log = RunLog(cfg.output_dir, self.stream, resume_step=state.step)
+            self.log.message(
+                f"training {cfg.model.arch} on {len(self.data.classes)} classes: world {ctx.world_size} on {ctx.device.type}, "
+                f"precision {self.precision.name}, {self.steps_per_epoch} steps/epoch x {cfg.epochs} epochs"
+            )
+        last_path: Path | None = None
+        try:
+            self.log.start(self.total_steps, state.step, f"epoch {state.epoch + 1}/{cfg.epochs}")
+            while state.epoch < cfg.epochs and not self.reached_max(state):
+                self.train_epoch(state)
+                if state.step_in_epoch < self.steps_per_epoch:  # stopped by max_steps
+                    last_path = self.save(state, epoch_end=False)
+                    break
+                state.epoch, state.step_in_epoch = state.epoch + 1, 0
+                self.evaluate(state)
+                if state.epoch % cfg.checkpoint_every == 0 or state.epoch == cfg.epochs or self.reached_max(state):
+                    last_path = self.save(state, epoch_end=True)
+        finally:
+            self.log.close()
+        return TrainResult(ctx.world_size, state.epoch, state.step, last_path or ckpt.find_resume(cfg.output_dir), self.last_metrics)
+
+    def reached_max(self, state: State) -> bool:
+        return self.cfg.max_steps is not None and state.step >= self.cfg.max_steps
+
+    def train_epoch(self, state: State) -> None:
+        cfg, ctx, dev = self.cfg, self.ctx, self.ctx.device
+        accum = cfg.grad_accum
+        self.data.sampler.set_epoch(state.epoch, skip=state.step_in_epoch * accum * cfg.batch_size)
+        state.model.train()
+        window = _Window()
+        micro, step_samples, data_wait = 0, 0, 0.0
+        t_prev = t_step = time.perf_counter()
+        for images, labels in self.data.train:
+            t_got = time.perf_counter()
+            data_wait += t_got - t_prev
+            images = normalize_batch(images.to(dev, non_blocking=True), cfg.channels_last)
+            labels = labels.to(dev, non_blocking=True)
+            micro += 1
+            final_micro = micro % accum == 0
+            # Non-final micro-steps skip DDP's gradient all-reduce; the last one syncs the sum.
+            no_sync = state.raw is not state.model and not final_micro
+            with state.model.no_sync() if no_sync and hasattr(state.model, "no_sync") else contextlib.nullcontext():
+                with self.precision.autocast(dev):
+                    loss = F.cross_entropy(state.model(images), labels)
+                state.scaler.scale(loss / accum).backward()
+            window.add(loss.detach(), labels.shape[0])
+            step_samples += labels.shape[0]
+            t_prev = time.perf_counter()
+            if not final_micro:
+                continue
+            lr = state.optimizer.param_groups[0]["lr"]
+            state.scaler.step(state.optimizer)
+            state.scaler.update()
+            state.optimizer.zero_grad(set_to_none=True)
+            state.scheduler.step()
+            state.step += 1
+            state.step_in_epoch += 1
+            t_prev = now = time.perf_counter()
+            report_step(
+                step=state.step, epoch=state.epoch, loss=float(loss.detach()), lr=lr,
+                step_time_s=now - t_step, data_wait_s=data_wait, samples=step_samples,
+            )
+            window.steps += 1
+            if state.step % cfg.log_every == 0 or state.step_in_epoch == self.steps_per_epoch:
+                self.flush_window(state, window, lr)
+            self.log.advance(1, f"epoch {state.epoch + 1}/{cfg.epochs} loss {self.last_metrics.get('train_loss', float('nan')):.4f}")
+            t_step, step_samples, data_wait = now, 0, 0.0
+            if state.step_in_epoch >= self.steps_per_epoch or self.reached_max(state):
+                break
+        if window.steps:
+            self.flush_window(state, window, state.optimizer.param_groups[0]["lr"])
+
+    def flush_window(self, state: State, window: "_Window", lr: float) -> None:
+        loss_sum, count, samples = dist.all_reduce_sum([float(window.loss_sum), window.count, window.samples], self.ctx)
+        elapsed = time.perf_counter() - window.t0
+        values = {"loss": loss_sum / max(count, 1), "lr": lr, "images_per_s": samples / max(elapsed, 1e-9)}
+        self.last_metrics.update(train_loss=values["loss"], images_per_s=values["images_per_s"])
+        self.log.train(state.step, state.epoch, values)
+        window.reset()
+
+    @torch.no_grad()
+    def evaluate(self, state: State) -> None:
+        if self.data.val is None:
+            return
+        model, dev = state.raw, self.ctx.device
+        model.eval()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
+        correct = torch.zeros((), dtype=torch.int64, device=dev)
+        count = 0
+        for images, labels in self.data.val:
+            images = normalize_batch(images.to(dev, non_blocking=True), self.cfg.channels_last)
+            labels = labels.to(dev, non_blocking=True)
+            with self.precision.autocast(dev):
+                logits = model(images)
+            loss_sum += F.cross_entropy(logits.float(), labels, reduction="sum")
+            correct += (logits.argmax(1) == labels).sum()
+            count += labels.shape[0]
+        loss_total, correct_total, n = dist.all_reduce_sum([float(loss_sum), float(correct), count], self.ctx)
+        values = {"loss": loss_total / max(n, 1), "accuracy": correct_total / max(n, 1), "images": n}
+        self.last_metrics.update(val_loss=values["loss"], val_accuracy=values["accuracy"])
+        self.log.eval(state.step, state.epoch, values)
+        self.log.message(
+            f"epoch {state.epoch}/{self.cfg.epochs}: train loss {self.last_metrics.get('train_loss', float('nan')):.4f}, "
+            f"val loss {values['loss']:.4f}, val accuracy {values['accuracy']:.4f} ({int(n)} images)"
+        )
+
+    def save(self, state: State, *, epoch_end: bool) -> Path:
+        rngs = dist.gather_objects(ckpt.rng_state(), self.ctx)
+        path = ckpt.checkpoint_dir(self.cfg.output_dir) / ckpt.LAST
+        if self.ctx.is_main:
+            payload = {
+                "model": {k: v.detach().float().cpu() if v.is_floating_point() else v.cpu() for k, v in state.raw.state_dict().items()},
+                "optimizer": state.optimizer.state_dict(),
+                "scheduler": state.scheduler.state_dict(),
+                "scaler": state.scaler.state_dict(),
+                "epoch": state.epoch,
+                "step": state.step,
+                "step_in_epoch": state.step_in_epoch,
+                "rng": rngs,
+                "config": self.cfg.model_dump(),
+                "classes": self.data.classes,
+                "negative_class": self.data.classes[self.data.negative_index],
+                "image_size": self.cfg.data.image_size,
+                "mean": list(MEAN),
+                "std": list(STD),
+                "world_size": self.ctx.world_size,
+            }
+            path = ckpt.save(payload, self.cfg.output_dir, epoch_end=epoch_end, keep=self.cfg.keep_checkpoints)
+        return path
+
+
+class _Window:
+    """Running sums between two log lines; summed as tensors to avoid a sync per step."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.loss_sum: torch.Tensor | float = 0.0
+        self.count = 0
+        self.samples = 0
+        self.steps = 0
+        self.t0 = time.perf_counter()
+
+    def add(self, loss: torch.Tensor, n: int) -> None:
+        # loss is a batch mean; weight by batch size so the window mean is per image.
+        self.loss_sum = self.loss_sum + loss.float() * n
+        self.count += n
+        self.samples += n
