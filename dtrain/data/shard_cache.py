@@ -1,0 +1,130 @@
+"""A bounded on-disk cache of whole shards from remote stores, shared by every rank and
+loader worker of a node.
+
+Reads never wait for it: a sample missing from the cache is fetched with a byte-range
+request, and the first touch of a shard queues a background download of the whole
+shard. Later epochs (and the other ranks on the node) then read from local disk.
+Downloads are checked against the manifest's sha256 before they become visible, only
+one process downloads a given shard (an O_EXCL lock file), and the least recently used
+shards are evicted to stay under the size limit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from dtrain.data.storage import Store
+
+_STALE_LOCK_S = 600.0
+
+
+class ShardCache:
+    def __init__(self, directory: str, limit_bytes: int, store: Store, sha256: dict[str, str]) -> None:
+        self.directory = directory
+        self.limit = limit_bytes
+        self.store = store
+        self.sha256 = sha256  # shard name -> expected digest
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid = -1
+        self._queued: set[str] = set()
+        self._mutex = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.update(_pool=None, _pid=-1, _queued=set(), _mutex=None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._mutex = threading.Lock()
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.directory, name)
+
+    def get(self, name: str) -> str | None:
+        """The local copy of a shard, if cached (marks it recently used)."""
+        path = self.path(name)
+        try:
+            os.utime(path)
+        except FileNotFoundError:
+            return None
+        return path
+
+    def want(self, name: str, size: int) -> None:
+        """Queue a background download of this shard, unless it is cached or too big."""
+        if size > self.limit:
+            return
+        with self._mutex:
+            if name in self._queued:
+                return
+            self._queued.add(name)
+            if self._pool is None or self._pid != os.getpid():
+                self._pool = ThreadPoolExecutor(2, thread_name_prefix="dtrain-shard-cache")
+                self._pid = os.getpid()
+        self._pool.submit(self._download, name, size)
+
+    def _download(self, name: str, size: int) -> None:
+        path = Path(self.path(name))
+        if path.exists():
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = path.with_name(path.name + ".lock")
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            if time.time() - _mtime(lock) < _STALE_LOCK_S:
+                return  # another process on this node is fetching it
+            lock.unlink(missing_ok=True)
+            return
+        os.close(fd)
+        tmp = path.with_name(f"{path.name}.part-{uuid.uuid4().hex}")
+        try:
+            h = hashlib.sha256()
+            with open(tmp, "wb") as out:
+                for chunk in self.store.iter_chunks(name):
+                    h.update(chunk)
+                    out.write(chunk)
+            if h.hexdigest() != self.sha256.get(name):
+                return  # a damaged copy never enters the cache; reads stay remote
+            self._make_room(size)
+            os.replace(tmp, path)
+        except Exception:  # noqa: BLE001 - the cache is an optimisation; reads stay remote
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+            lock.unlink(missing_ok=True)
+
+    def _make_room(self, incoming: int) -> None:
+        files = []
+        for root, _, names in os.walk(self.directory):
+            for n in names:
+                if n.endswith(".tar"):
+                    p = os.path.join(root, n)
+                    try:
+                        st = os.stat(p)
+                    except FileNotFoundError:
+                        continue
+                    files.append((st.st_mtime, st.st_size, p))
+        used = sum(size for _, size, _ in files)
+        for _, size, p in sorted(files):
+            if used + incoming <= self.limit:
+                break
+            # Readers that opened it keep reading: unlink only drops the name.
+            Path(p).unlink(missing_ok=True)
+            used -= size
+
+    def usage(self) -> int:
+        return sum(p.stat().st_size for p in Path(self.directory).rglob("*.tar") if p.is_file())
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0

@@ -1,0 +1,212 @@
+"""Training from pushed shards: a map-style dataset with a global sample index.
+
+`open_shard_split(cfg, split, train=...)` returns a dataset that behaves exactly like the
+local-folder one (`dtrain.data.datasets.open_split`): same length, same sample ids in the
+same order, same decode / resize / augmentation, `None` for unreadable images. So the
+trainer's sampler (DistributedSampler over the global ids: every sample once per epoch
+across nodes x ranks, shuffled by seed and epoch, padded by repeating the first ids of
+the permutation to a multiple of the world size; loader workers take whole batches) and
+its mid-epoch skip apply unchanged, and a run from `s3://...` reproduces a run from the
+local folder.
+
+Fetching is shard-aware: the DataLoader hands a worker a whole batch (`__getitems__`),
+the worker groups the batch by shard, reads cached or local shards with pread, and asks
+the store for all remaining byte ranges at once (concurrent range GETs on S3). Remote
+shards are also pulled whole into a bounded node-local cache in the background.
+
+Debugging aid: with DTRAIN_DATA_TRACE=DIR each batch fetched appends one line of sample
+ids to DIR/rank<RANK>-worker<W>.txt (tests use it to prove exactly-once delivery).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import tempfile
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import PurePosixPath
+
+import torch
+from torch.utils.data import Dataset
+
+from dtrain.data.config import DataConfig
+from dtrain.data.shard_cache import ShardCache
+from dtrain.data.shard_format import Manifest, decode_index, sha256_hex
+from dtrain.data.shard_verify import load_manifest, read_manifest_bytes
+from dtrain.data.storage import Store, open_store
+from dtrain.errors import DtrainError
+
+log = logging.getLogger("dtrain.data")
+TRACE_ENV = "DTRAIN_DATA_TRACE"
+# What a damaged image raises while being decoded (as in dtrain.data.datasets).
+_READ_ERRORS = (RuntimeError, OSError, ValueError, SyntaxError)
+_NATIVE = frozenset({"png", "jpg", "jpeg", "webp", "gif"})
+
+Sample = tuple[torch.Tensor, int]
+
+
+def decode_bytes(data: bytes, ext: str) -> torch.Tensor:
+    """Encoded image -> uint8 [3, H, W], decoded exactly as the local-folder dataset does."""
+    from dtrain.data.transforms import decode_uint8
+
+    if ext in _NATIVE:
+        return decode_uint8(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    from PIL import Image
+    from torchvision.transforms.v2.functional import pil_to_tensor
+
+    with Image.open(io.BytesIO(data)) as im:
+        return pil_to_tensor(im.convert("RGB"))
+
+
+class ShardDataset(Dataset):
+    def __init__(
+        self,
+        store: Store,
+        manifest: Manifest,
+        split: str,
+        rows,  # numpy int64 [N, 4]: shard, offset, size, label
+        paths: list[str],
+        image_size: int,
+        transform: Callable[[torch.Tensor], torch.Tensor] | None,
+        cache: ShardCache | None,
+    ) -> None:
+        info = manifest.splits[split]
+        self.store = store
+        self.split = split
+        self.shards = [s.name for s in info.shards]
+        self.shard_bytes = [s.bytes for s in info.shards]
+        self.rows = rows
+        self.paths = paths
+        self.exts = [PurePosixPath(p).suffix.lower().lstrip(".") for p in paths]
+        self.targets = [int(x) for x in rows[:, 3]]
+        self.classes = list(manifest.classes)
+        self.negative_index = manifest.negative_index
+        self.negative_class = self.classes[self.negative_index]
+        self.image_size = image_size
+        self.transform = transform
+        self.cache = cache
+        self._bad: dict[str, str] = {}
+        self._trace_dir = os.environ.get(TRACE_ENV) or None
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> Sample | None:
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Sample | None]:
+        indices = [int(i) for i in indices]
+        if self._trace_dir:
+            self._trace(indices)
+        blobs = self.fetch(indices)
+        return [self._prepare(i, blob) for i, blob in zip(indices, blobs)]
+
+    # -- bytes ------------------------------------------------------------------------
+    def fetch(self, indices: Sequence[int]) -> list[bytes | None]:
+        """The encoded bytes of each sample, reading each shard as cheaply as it allows."""
+        out: list[bytes | None] = [None] * len(indices)
+        by_shard: dict[int, list[int]] = defaultdict(list)
+        for pos, i in enumerate(indices):
+            by_shard[int(self.rows[i, 0])].append(pos)
+        remote: list[tuple[int, int]] = []  # (position, shard)
+        for shard, positions in by_shard.items():
+            name = self.shards[shard]
+            local = (self.cache.get(name) if self.cache else None) or self.store.local_path(name)
+            if local is None:
+                remote += [(pos, shard) for pos in positions]
+                if self.cache:
+                    self.cache.want(name, self.shard_bytes[shard])
+                continue
+            try:
+                with open(local, "rb") as fh:
+                    for pos in positions:
+                        _, offset, size, _ = self.rows[indices[pos]]
+                        out[pos] = os.pread(fh.fileno(), int(size), int(offset))
+            except OSError as exc:
+                for pos in positions:
+                    self._record_bad(indices[pos], exc)
+        if remote:
+            rows = [self.rows[indices[pos]] for pos, _ in remote]
+            blobs = self.store.read_ranges(
+                [self.shards[shard] for _, shard in remote],
+                [int(r[1]) for r in rows],
+                [int(r[1] + r[2]) for r in rows],
+            )
+            for (pos, _), blob in zip(remote, blobs):
+                out[pos] = blob
+        return out
+
+    # -- decode + augment -------------------------------------------------------------
+    def _prepare(self, index: int, blob: bytes | None) -> Sample | None:
+        from dtrain.data.transforms import resize_uint8
+
+        if blob is None:
+            return None
+        try:
+            img = resize_uint8(decode_bytes(blob, self.exts[index]), self.image_size)
+        except _READ_ERRORS as exc:
+            self._record_bad(index, exc)
+            return None
+        if self.transform is not None:
+            img = self.transform(img)
+        return img, self.targets[index]
+
+    def _record_bad(self, index: int, exc: BaseException) -> None:
+        path = self.paths[index]
+        if path not in self._bad:
+            self._bad[path] = f"{type(exc).__name__}: {exc}"[:300]
+            log.warning("skipping unreadable image %s (%s)", path, self._bad[path])
+
+    @property
+    def bad_files(self) -> list[str]:
+        return list(self._bad)
+
+    def _trace(self, indices: list[int]) -> None:
+        info = torch.utils.data.get_worker_info()
+        worker = info.id if info is not None else 0
+        rank = os.environ.get("RANK", "0")
+        path = os.path.join(self._trace_dir, f"rank{rank}-worker{worker}.txt")
+        with open(path, "a", encoding="utf-8") as fh:  # one short O_APPEND write per batch
+            fh.write(" ".join(map(str, indices)) + "\n")
+
+
+def open_shard_split(cfg: DataConfig, split: str, *, train: bool) -> ShardDataset:
+    """The dataset of one split of the data set pushed to `cfg.root`."""
+    from dtrain.data.transforms import train_augmentation
+
+    store = open_store(cfg.root, getattr(cfg, "storage_options", None))
+    raw = read_manifest_bytes(store)
+    manifest = load_manifest(store, raw)
+    if split not in manifest.splits:
+        raise DtrainError(
+            f"{store.display} has no split '{split}'",
+            f"pushed splits: {', '.join(manifest.splits) or '(none)'}",
+        )
+    info = manifest.splits[split]
+    index_bytes = store.read_bytes(info.index.name)
+    paths_bytes = store.read_bytes(info.paths.name)
+    for fi, data in ((info.index, index_bytes), (info.paths, paths_bytes)):
+        if sha256_hex(data) != fi.sha256:
+            raise DtrainError(f"{store.display}/{fi.name} does not match its checksum",
+                              f"run `dtrain data verify {store.display}` and push again")
+    rows = decode_index(index_bytes)
+    paths = json.loads(paths_bytes)
+    cache = None
+    if not store.is_local:
+        root = cfg.cache_dir or os.path.join(tempfile.gettempdir(), "dtrain-shard-cache")
+        # Keyed by the manifest digest: a re-pushed data set never mixes with old shards.
+        directory = os.path.join(root, sha256_hex(raw)[:16])
+        cache = ShardCache(directory, int(cfg.cache_limit_gb * 1e9), store, {s.name: s.sha256 for s in info.shards})
+    return ShardDataset(
+        store,
+        manifest,
+        split,
+        rows,
+        paths,
+        cfg.image_size,
+        transform=train_augmentation() if (train and cfg.augment) else None,
+        cache=cache,
+    )

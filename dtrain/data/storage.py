@@ -1,0 +1,225 @@
+"""Storage addresses: the ONE place that turns a data address into an fsspec filesystem.
+
+An address is a local path or NAS mount (`/mnt/nas/defects`), `s3://bucket/prefix`, or
+anything else fsspec reaches (`gs://`, `az://`, ...). For S3-compatible stores the
+endpoint comes from `storage_options={"endpoint_url": ...}` or `AWS_ENDPOINT_URL`, the
+credentials from the usual AWS environment variables / config files / instance roles.
+
+Credentials never appear in a message: errors name the address with any user-info
+stripped, and every known secret value is blanked out of the text we show.
+
+A `Store` is safe to hand to DataLoader workers: the filesystem object is created lazily
+in each process (s3fs clients hold an event loop and sockets that must not cross a fork).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+from typing import Any, Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+from dtrain.errors import DtrainError
+
+_SECRET_KEYS = ("key", "secret", "token", "password", "aws_access_key_id", "aws_secret_access_key", "aws_session_token")
+_SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+def is_url(address: str) -> bool:
+    """True for `proto://...` addresses other than plain local files."""
+    return bool(re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", address)) and not address.startswith("file://")
+
+
+def redact(address: str) -> str:
+    """The address without user-info (`s3://KEY:SECRET@bucket` -> `s3://bucket`)."""
+    if not is_url(address):
+        return address
+    parts = urlsplit(address)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+class Store:
+    """A data address resolved to a filesystem and a root; names are '/'-joined below it."""
+
+    def __init__(self, address: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.address = address.rstrip("/") or "/"
+        self.display = redact(self.address)
+        self.options = dict(storage_options or {})
+        self.protocol = urlsplit(self.address).scheme if is_url(self.address) else "file"
+        if self.protocol in ("s3", "s3a"):
+            endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+            if endpoint and "endpoint_url" not in self.options and "client_kwargs" not in self.options:
+                self.options["endpoint_url"] = endpoint
+        self._fs: Any = None
+        self._root = ""
+        self._pid = -1
+        self._lock = threading.Lock()
+
+    # -- process-local filesystem -------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_fs=None, _pid=-1, _lock=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    @property
+    def fs(self) -> Any:
+        if self._fs is None or self._pid != os.getpid():
+            with self._lock:
+                if self._fs is None or self._pid != os.getpid():
+                    import fsspec
+
+                    # A fresh instance per Store: fsspec's instance cache is keyed on the
+                    # arguments, not on the credentials found in the environment.
+                    with self.errors():
+                        fs, root = fsspec.core.url_to_fs(self.address, skip_instance_cache=True, **self.options)
+                    self._fs, self._root, self._pid = fs, root.rstrip("/"), os.getpid()
+        return self._fs
+
+    @property
+    def is_local(self) -> bool:
+        return self.protocol == "file"
+
+    def path(self, name: str) -> str:
+        self.fs  # noqa: B018 - resolves _root
+        return f"{self._root}/{name}" if name else self._root
+
+    def local_path(self, name: str) -> str | None:
+        """A path open() can read directly, for local / NAS stores; None for remote ones."""
+        return self.path(name) if self.is_local else None
+
+    # -- operations (every one maps failures to a DtrainError naming the address) --------
+    def exists(self, name: str) -> bool:
+        with self.errors(name):
+            return bool(self.fs.exists(self.path(name)))
+
+    def size(self, name: str) -> int | None:
+        """Size in bytes, or None when the object does not exist."""
+        with self.errors(name):
+            try:
+                return int(self.fs.size(self.path(name)))
+            except FileNotFoundError:
+                return None
+
+    def info(self, name: str) -> dict[str, Any]:
+        with self.errors(name):
+            return dict(self.fs.info(self.path(name)))
+
+    def read_bytes(self, name: str) -> bytes:
+        with self.errors(name):
+            return bytes(self.fs.cat_file(self.path(name)))
+
+    def read_ranges(self, names: list[str], starts: list[int], ends: list[int]) -> list[bytes]:
+        """Byte ranges [start, end) of several objects; concurrent requests on object stores."""
+        if not names:
+            return []
+        with self.errors(names[0]):
+            if self.is_local:
+                out = []
+                for name, start, end in zip(names, starts, ends):
+                    with open(self.path(name), "rb") as f:
+                        f.seek(start)
+                        out.append(f.read(end - start))
+                return out
+            paths = [self.path(n) for n in names]
+            return [bytes(b) for b in self.fs.cat_ranges(paths, list(starts), list(ends), on_error="raise")]
+
+    def iter_chunks(self, name: str, chunk: int = 8 << 20) -> Iterator[bytes]:
+        with self.errors(name), self.fs.open(self.path(name), "rb", block_size=chunk) as f:
+            while data := f.read(chunk):
+                yield data
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        with self.errors(name):
+            self._ensure_parent(name)
+            if self.is_local:  # atomic on local / NAS paths: readers never see half a file
+                tmp = f"{self.path(name)}.tmp-{os.getpid()}"
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, self.path(name))
+            else:  # a single PUT is atomic on object stores
+                self.fs.pipe_file(self.path(name), data)
+
+    def put_file(self, local: str, name: str) -> None:
+        with self.errors(name):
+            self._ensure_parent(name)
+            if self.is_local:
+                tmp = f"{self.path(name)}.tmp-{os.getpid()}"
+                self.fs.put_file(local, tmp)
+                os.replace(tmp, self.path(name))
+            else:
+                self.fs.put_file(local, self.path(name))
+
+    def get_file(self, name: str, local: str) -> None:
+        with self.errors(name):
+            self.fs.get_file(self.path(name), local)
+
+    def _ensure_parent(self, name: str) -> None:
+        if self.is_local:
+            os.makedirs(os.path.dirname(self.path(name)) or ".", exist_ok=True)
+
+    def check_reachable(self) -> None:
+        """Fail early and clearly when the bucket (or root folder) is absent or not ours."""
+        if self.is_local:
+            return
+        bucket = urlsplit(self.address).netloc.rsplit("@", 1)[-1]
+        with self.errors():
+            if self.protocol in ("s3", "s3a"):
+                # HEAD bucket tells "absent" (404) from "not yours" (403); exists() hides both.
+                self.fs.call_s3("head_bucket", Bucket=bucket)
+            elif not self.fs.exists(bucket):
+                raise FileNotFoundError(bucket)
+
+    # -- error mapping ------------------------------------------------------------------
+    @contextlib.contextmanager
+    def errors(self, name: str = "") -> Iterator[None]:
+        where = f"{self.display}/{name}" if name else self.display
+        try:
+            yield
+        except DtrainError:
+            raise
+        except FileNotFoundError as exc:
+            if not self.is_local and _mentions_bucket(exc):
+                raise DtrainError(
+                    f"{where}: the bucket does not exist", "create it first, or check the address"
+                ) from None
+            raise DtrainError(f"{where}: not found", "check the address (dtrain data info ADDRESS)") from None
+        except PermissionError as exc:
+            raise DtrainError(
+                f"{where}: access denied ({self._clean(exc)})",
+                "check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or ~/.aws) and the bucket policy",
+            ) from None
+        except Exception as exc:  # noqa: BLE001 - any transport failure becomes one line
+            kind = type(exc).__name__
+            if kind in ("NoCredentialsError", "PartialCredentialsError"):
+                raise DtrainError(f"{where}: no credentials found", "set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or ~/.aws/credentials") from None
+            if isinstance(exc, (ImportError, ValueError)) and "protocol" in str(exc).lower():
+                raise DtrainError(f"{where}: unsupported storage protocol '{self.protocol}' ({self._clean(exc)})",
+                                  "install the fsspec backend for it, or use a local path / s3://") from None
+            if isinstance(exc, OSError) or "Connect" in kind or "Endpoint" in kind or "Timeout" in kind:
+                raise DtrainError(f"{where}: cannot reach the store ({kind}: {self._clean(exc)})",
+                                  "check the endpoint (AWS_ENDPOINT_URL / storage_options) and the network") from None
+            raise
+
+    def _clean(self, exc: BaseException) -> str:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        secrets = [str(v) for k, v in self.options.items() if k.lower() in _SECRET_KEYS and v]
+        secrets += [os.environ[k] for k in _SECRET_ENV if os.environ.get(k)]
+        for secret in secrets:
+            text = text.replace(secret, "***")
+        return text[:200]
+
+
+def _mentions_bucket(exc: BaseException) -> bool:
+    text = f"{exc} {getattr(exc, '__cause__', '')}"
+    return "NoSuchBucket" in text or "bucket" in text.lower()
+
+
+def open_store(address: str, storage_options: dict[str, Any] | None = None) -> Store:
+    return Store(address, storage_options)
