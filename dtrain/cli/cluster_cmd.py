@@ -3,10 +3,59 @@ launch_cmd.py (owner: launch) and are registered from here, right after `check`.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
 import typer
 
 from dtrain.cli import launch_cmd
 
 
+def load_cluster_arg(cluster: Optional[Path], hosts: Optional[str], python: Optional[str] = None):
+    """The cluster named on a command line: a cluster.yaml, `--hosts h1,h2`, or both
+    (the file restricted to those nodes). Shared with the launch commands."""
+    from dtrain.cluster.spec import ClusterSpec, load_cluster
+    from dtrain.errors import ConfigError
+
+    names = [h.strip() for h in (hosts or "").split(",") if h.strip()]
+    if cluster is None and not names:
+        raise ConfigError("no cluster given", "pass a cluster.yaml, or --hosts h1,h2 (use 'local' for this machine)")
+    if cluster is None:
+        spec = ClusterSpec.from_hosts(names, defaults={"python": python} if python else {})
+    else:
+        spec = load_cluster(cluster)
+        if names:
+            spec = spec.select(names)
+    if python and cluster is not None:
+        spec = spec.model_copy(update={"nodes": [n.model_copy(update={"python": python}) for n in spec.nodes]})
+    return spec
+
+
+def check(
+    cluster: Optional[Path] = typer.Argument(None, help="cluster.yaml (omit with --hosts)."),
+    hosts: Optional[str] = typer.Option(None, "--hosts", help="Comma-separated SSH hosts, or a subset of the file's nodes."),
+    port: int = typer.Option(29500, "--port", help="The master port the job will use."),
+    timeout: float = typer.Option(20.0, "--timeout", help="Seconds each node may take to answer."),
+    python: Optional[str] = typer.Option(None, "--python", help="Interpreter on every node (overrides the file)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Check that every node can run the job: ssh, Python/torch versions, GPUs, master port,
+    network interface, name resolution, shared storage, clock."""
+    from rich.console import Console
+
+    from dtrain.cluster.preflight import run_preflight
+    from dtrain.errors import PreflightError
+
+    spec = load_cluster_arg(cluster, hosts, python)
+    report = run_preflight(spec, master_port=port, timeout=timeout, out=None if as_json else Console())
+    if as_json:
+        typer.echo(report.model_dump_json(indent=2))
+    if not report.ok:
+        failing = sorted({line.split(":")[0] for line in report.failures})
+        raise PreflightError(f"preflight failed on {len(failing)} node(s): {', '.join(failing)}",
+                             "fix what each failing node reports above, then run `dtrain check` again")
+
+
 def register(app: typer.Typer) -> None:
+    app.command()(check)
     launch_cmd.register(app)
