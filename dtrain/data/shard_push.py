@@ -9,6 +9,7 @@ everything: a store never claims a shard or a data set it does not fully hold.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -99,6 +100,7 @@ def push(
     shard_size: int,
     progress: Progress | None = None,
     splits: list[str] | None = None,
+    recheck: bool = False,
 ) -> PushReport:
     from dtrain.data.layouts import scan
 
@@ -147,7 +149,7 @@ def push(
                 info = ShardInfo(name=name, count=hi - lo, bytes=os.path.getsize(local), sha256=digest)
                 shards.append(info)
                 shard_bytes = sum(sizes[lo:hi])
-                if _already_there(store, info):
+                if _already_there(store, info, recheck):
                     report.shards_skipped.append(name)
                     os.unlink(local)
                     done += shard_bytes
@@ -199,18 +201,25 @@ def _write_split_files(store: Store, split: str, listing, root: str, rows: np.nd
     )
 
 
-def _already_there(store: Store, info: ShardInfo) -> bool:
+def _already_there(store: Store, info: ShardInfo, recheck: bool) -> bool:
+    """Size + marker is enough after an interruption; `recheck` re-reads the object
+    itself (to replace shards that `verify` found corrupted)."""
     if store.size(info.name) != info.bytes:
         return False
     try:
-        return store.read_bytes(info.name + ".sha256").decode().strip() == info.sha256
+        if store.read_bytes(info.name + ".sha256").decode().strip() != info.sha256:
+            return False
     except DtrainError:
         return False
+    if recheck:
+        h = hashlib.sha256()
+        for chunk in store.iter_chunks(info.name):
+            h.update(chunk)
+        return h.hexdigest() == info.sha256
+    return True
 
 
 def _file_sha256(path: str) -> str:
-    import hashlib
-
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         while chunk := fh.read(8 << 20):

@@ -15,18 +15,19 @@ the store for all remaining byte ranges at once (concurrent range GETs on S3). R
 shards are also pulled whole into a bounded node-local cache in the background.
 
 Debugging aid: with DTRAIN_DATA_TRACE=DIR each batch fetched appends one line of sample
-ids to DIR/rank<RANK>-worker<W>.txt (tests use it to prove exactly-once delivery).
+ids to DIR/<split>-rank<RANK>-worker<W>.txt (tests use it to prove exactly-once delivery).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
 import os
 import tempfile
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import PurePosixPath
 
 import torch
@@ -90,19 +91,36 @@ class ShardDataset(Dataset):
         self.cache = cache
         self._bad: dict[str, str] = {}
         self._trace_dir = os.environ.get(TRACE_ENV) or None
+        self._batch: dict[int, bytes | None] = {}
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def __getitem__(self, index: int) -> Sample | None:
-        return self.__getitems__([index])[0]
+        blob = self._batch.get(index) if self._batch else None
+        if blob is None:
+            blob = self.fetch([index])[0]
+        return self._prepare(index, blob)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Sample | None]:
+        with self.batch_io(indices):
+            return [self[int(i)] for i in indices]
+
+    @contextlib.contextmanager
+    def batch_io(self, indices: Sequence[int]) -> Iterator[None]:
+        """Fetch the bytes of a whole batch in one round; `ds[i]` inside uses them.
+
+        A wrapping dataset (the trainer's per-sample seeding) calls this around its
+        per-item loop, so I/O is batched while decode and augmentation stay per sample.
+        """
         indices = [int(i) for i in indices]
         if self._trace_dir:
             self._trace(indices)
-        blobs = self.fetch(indices)
-        return [self._prepare(i, blob) for i, blob in zip(indices, blobs)]
+        self._batch = dict(zip(indices, self.fetch(indices)))
+        try:
+            yield
+        finally:
+            self._batch = {}
 
     # -- bytes ------------------------------------------------------------------------
     def fetch(self, indices: Sequence[int]) -> list[bytes | None]:
@@ -168,7 +186,7 @@ class ShardDataset(Dataset):
         info = torch.utils.data.get_worker_info()
         worker = info.id if info is not None else 0
         rank = os.environ.get("RANK", "0")
-        path = os.path.join(self._trace_dir, f"rank{rank}-worker{worker}.txt")
+        path = os.path.join(self._trace_dir, f"{self.split}-rank{rank}-worker{worker}.txt")
         with open(path, "a", encoding="utf-8") as fh:  # one short O_APPEND write per batch
             fh.write(" ".join(map(str, indices)) + "\n")
 

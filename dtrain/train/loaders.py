@@ -13,6 +13,7 @@ a resumed run reproduce an uninterrupted one exactly.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -43,6 +44,13 @@ class SeededSamples(Dataset):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             return self.inner[index]
+
+    def __getitems__(self, keys: list[tuple[int, int]]) -> list:
+        # Datasets on object stores (dtrain.data.shards) fetch a whole batch in one
+        # concurrent round; decode + augmentation stay per sample, seeded as above.
+        batch_io = getattr(self.inner, "batch_io", None)
+        with batch_io([i for _, i in keys]) if batch_io else contextlib.nullcontext():
+            return [self[key] for key in keys]
 
 
 class EpochSampler(Sampler):
