@@ -7,6 +7,7 @@ the same rules run live in the collector and `top`, and afterwards in the report
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -122,10 +123,14 @@ def not_reporting(nodes: Iterable[dict[str, Any]]) -> list[Finding]:
     """Nodes the collector currently marks as not reporting."""
     return [
         Finding("not_reporting", f"node {n['node']} stopped reporting (agent unreachable since "
-                f"{n['state_since']:.0f})", n["state_since"], node=n["node"])  # fmt: skip
+                f"{_clock(n['state_since'])})", n["state_since"], node=n["node"])  # fmt: skip
         for n in nodes
         if n.get("state") == "not_reporting"
     ]
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S UTC", time.gmtime(t))
 
 
 def analyze(nodes: list[dict[str, Any]], ranks: Series, gpus: Series, *, window_s: float | None = WINDOW_S,
