@@ -37,22 +37,29 @@ _PARALLEL_FROM = 400
 Progress = Callable[[int], None]
 
 
-def render_image(seed: int, split: int, cls: int, number: int, size: int, difficulty: float) -> np.ndarray:
-    """One image, uint8 [size, size, 3]; a pure function of its arguments."""
-    rng = np.random.default_rng([seed, split, cls, number])
+def render_image(
+    seed: int, split: int, cls: int, number: int, size: int, difficulty: float, with_defect: bool = True
+) -> np.ndarray:
+    """One image, uint8 [size, size, 3]; a pure function of its arguments.
+
+    Texture, look, defect and sensor noise draw from separate streams, so the same
+    image without its defect (`with_defect=False`) differs only where the defect is.
+    """
+    streams = np.random.SeedSequence([seed, split, cls, number]).spawn(4)
+    tex, look_rng, defect_rng, noise_rng = (np.random.default_rng(s) for s in streams)
     factor = 2 if size <= 256 else 1  # supersample small images: thin lines stay smooth
-    canvas, _ = new_canvas(rng, size * factor)
-    look = Look.draw(rng)
+    canvas, _ = new_canvas(tex, size * factor)
+    look = Look.draw(look_rng)
     name = CLASSES[cls]
-    if name != "ok":
-        DEFECTS[name](rng, canvas, severity(rng, difficulty))
-    return render(rng, canvas, look, factor)
+    if name != "ok" and with_defect:
+        DEFECTS[name](defect_rng, canvas, severity(defect_rng, difficulty))
+    return render(noise_rng, canvas, look, factor)
 
 
 def severity(rng: np.random.Generator, difficulty: float) -> float:
     """Severity in [floor, 1]; higher difficulty = lower floor and more mass near it."""
-    floor = 0.45 - 0.3 * difficulty
-    return float(floor + (1 - floor) * rng.random() ** (0.5 + 2 * difficulty))
+    floor = 0.55 - 0.35 * difficulty
+    return float(floor + (1 - floor) * rng.random() ** (0.5 + 1.5 * difficulty))
 
 
 def plan_counts(images: int, split_fractions: tuple[float, float, float], ok_fraction: float) -> dict[str, dict[str, int]]:

@@ -24,9 +24,12 @@ def polyline_distance(c: Canvas, pts: np.ndarray) -> np.ndarray:
     return np.sqrt(d2)
 
 
-def _walk(rng: Rng, start: np.ndarray, heading: float, length: float, steps: int, turn: float, jitter: float) -> np.ndarray:
-    """A path of `steps` segments: constant turn rate plus random heading jitter."""
-    headings = heading + turn * np.arange(steps) + np.cumsum(rng.normal(0, jitter, steps))
+def _walk(
+    rng: Rng, start: np.ndarray, heading: float, length: float, steps: int, turn: float, drift: float, zigzag: float = 0.0
+) -> np.ndarray:
+    """A path of `steps` segments: a constant turn rate, a heading that drifts (random
+    walk, `drift` rad per step) and a zigzag that does not accumulate (`zigzag` rad)."""
+    headings = heading + turn * np.arange(steps) + np.cumsum(rng.normal(0, drift, steps)) + rng.normal(0, zigzag, steps)
     step = length / steps
     moves = np.stack([np.cos(headings), np.sin(headings)], axis=1) * step
     return np.vstack([start, start + np.cumsum(moves, axis=0)]).astype(np.float32)
@@ -39,25 +42,27 @@ def _inside(rng: Rng, n: int, margin: float = 0.12) -> np.ndarray:
 def scratch(rng: Rng, c: Canvas, v: float) -> None:
     length = c.n * rng.uniform(0.25, 0.75) * (0.55 + 0.45 * v)
     pts = _walk(rng, _inside(rng, c.n, 0.2), rng.uniform(0, 2 * np.pi), length, 24, rng.normal(0, 0.02), 0.01)
-    width = c.n * rng.uniform(0.006, 0.012) * (0.7 + 0.5 * v)
+    width = c.n * rng.uniform(0.008, 0.015) * (0.7 + 0.4 * v)
     line = np.exp(-((polyline_distance(c, pts) / width) ** 2))
     # A scratch is a groove whose walls catch the light: mostly bright, sometimes dark.
     sign = 1.0 if rng.random() < 0.7 else -0.7
-    c.albedo *= 1 + sign * v * rng.uniform(0.25, 0.5) * line
+    c.albedo *= 1 + sign * v * rng.uniform(0.4, 0.7) * line
     c.height -= v * width * 1.5 * line
 
 
 def crack(rng: Rng, c: Canvas, v: float) -> None:
     length = c.n * rng.uniform(0.2, 0.55) * (0.6 + 0.4 * v)
     start = _inside(rng, c.n, 0.2)
-    paths = [_walk(rng, start, rng.uniform(0, 2 * np.pi), length, 30, 0.0, 0.35)]
-    if rng.random() < 0.5:  # a side branch from somewhere along the crack
+    heading = rng.uniform(0, 2 * np.pi)
+    paths = [_walk(rng, start, heading, length, 30, 0.0, 0.08, 0.6)]
+    if rng.random() < 0.5:  # a side branch, splitting off at a sharp angle
         k = int(rng.integers(8, 22))
-        paths.append(_walk(rng, paths[0][k], rng.uniform(0, 2 * np.pi), length * 0.45, 14, 0.0, 0.4))
-    width = c.n * rng.uniform(0.004, 0.008) * (0.7 + 0.5 * v)
+        fork = heading + rng.choice([-1.0, 1.0]) * rng.uniform(0.4, 1.2)
+        paths.append(_walk(rng, paths[0][k], fork, length * 0.45, 14, 0.0, 0.08, 0.6))
+    width = c.n * rng.uniform(0.006, 0.01) * (0.7 + 0.4 * v)
     for pts in paths:
         line = np.exp(-((polyline_distance(c, pts) / width) ** 2))
-        c.albedo *= 1 - v * rng.uniform(0.45, 0.75) * line
+        c.albedo *= 1 - min(0.9, v * rng.uniform(0.6, 0.95)) * line
         c.height -= v * width * line
 
 
@@ -70,7 +75,7 @@ def dent(rng: Rng, c: Canvas, v: float) -> None:
     b = (-du * np.sin(angle) + dv * np.cos(angle)) / r
     bump = np.exp(-0.5 * (a * a + b * b))
     # Shading goes with slope ~ depth / r: depth scales with r to keep it visible.
-    c.height -= v * r * rng.uniform(2.0, 3.5) * bump
+    c.height -= v * r * rng.uniform(3.5, 5.5) * bump
     c.albedo *= 1 - v * 0.08 * bump
 
 
@@ -98,9 +103,9 @@ def stain(rng: Rng, c: Canvas, v: float) -> None:
     elif kind == 1:  # oil: dark, slightly cool
         tint = np.array([0.72, 0.72, 0.8], np.float32)
     else:  # dried coolant: a tide-mark ring, yellowish
-        tint = np.array([1.0, 0.93, 0.7], np.float32)
+        tint = np.array([1.0, 0.88, 0.6], np.float32)
         mask = np.clip(mask * (1 - mask) * 4, 0, 1) * 0.8 + mask * 0.2
-    strength = v * rng.uniform(0.5, 0.9)
+    strength = v * rng.uniform(0.7, 1.0)
     c.color *= 1 - (strength * mask)[..., None] * (1 - tint)
     c.albedo *= 1 - strength * 0.2 * mask
 

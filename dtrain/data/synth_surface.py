@@ -123,7 +123,7 @@ class Look:
     def draw(cls, rng: Rng) -> Look:
         return cls(
             base=float(rng.uniform(0.35, 0.62)),
-            tint=tuple(float(t) for t in 1 + rng.normal(0, 0.02, 3)),
+            tint=tuple(float(t) for t in 1 + rng.normal(0, 0.008, 3)),
             light_angle=float(rng.uniform(0, 2 * np.pi)),
             shade=float(rng.uniform(0.05, 0.09)),
             gradient=float(rng.uniform(0.0, 0.35)),

@@ -11,6 +11,7 @@ on. Squashing instead of cropping keeps a defect near the border in the picture.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,11 @@ import torch
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
+
+# torchvision 0.29 marks its image codecs deprecated in favour of torchcodec (not a
+# dependency here); the codecs still work, and the warning would fire in every
+# DataLoader worker and bury real ones.
+warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision", category=DeprecationWarning)
 
 # ImageNet statistics: a `pretrained: PATH` ResNet expects them, and for random init
 # any fixed affine map is as good as another. Stored in every checkpoint.
@@ -56,7 +62,7 @@ def preprocess_image(image: Any, size: int) -> torch.Tensor:
     else:
         import numpy as np
 
-        img = _as_chw_uint8(torch.from_numpy(np.ascontiguousarray(image)))
+        img = _as_chw_uint8(torch.from_numpy(np.array(image, copy=True)))
     return resize_uint8(img, size).contiguous()
 
 

@@ -1,0 +1,164 @@
+"""Datasets: both layouts, bad files through real DataLoader workers, clear errors."""
+
+from __future__ import annotations
+
+import io
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader
+
+from dtrain.data.config import DataConfig
+from dtrain.data.datasets import collate_skip_bad, open_split
+from dtrain.data.synth import CLASSES
+from dtrain.data.transforms import MEAN, STD, normalize_batch, preprocess_image
+from dtrain.errors import DtrainError
+
+
+def test_imagefolder_split_has_classes_labels_and_uint8_images(synth_data):
+    cfg = DataConfig(root=str(synth_data), image_size=32)
+    ds = open_split(cfg, "val", train=False)
+    assert ds.classes == sorted(CLASSES)
+    assert ds.classes[ds.negative_index] == "ok"
+    assert len(ds) == len(ds.paths) == len(ds.targets) == len(list((synth_data / "val").rglob("*.png")))
+    for i in (0, len(ds) - 1):
+        img, label = ds[i]
+        assert img.dtype == torch.uint8 and img.shape == (3, 32, 32)
+        assert label == ds.targets[i] and Path(ds.paths[i]).parent.name == ds.classes[label]
+    assert sorted(set(ds.targets)) == list(range(len(CLASSES)))
+
+
+def test_resize_and_augmentation_keep_uint8(synth_data):
+    cfg = DataConfig(root=str(synth_data), image_size=40)
+    plain = open_split(cfg, "train", train=False)
+    aug = open_split(cfg, "train", train=True)
+    assert torch.equal(plain[3][0], plain[3][0])
+    torch.manual_seed(0)
+    seen = {aug[3][0].numpy().tobytes() for _ in range(12)}
+    assert len(seen) > 1  # flips / rotations / jitter actually happen
+    img = aug[3][0]
+    assert img.dtype == torch.uint8 and img.shape == (3, 40, 40)
+    assert open_split(cfg.model_copy(update={"augment": False}), "train", train=True).transform is None
+
+
+def _mvtec_tree(src: Path, dst: Path) -> Path:
+    """A small MVTec-AD shaped tree made of synthetic images."""
+    base = dst / "metal_plate"
+    pick = {"train/good": ("train", "ok", 12), "test/good": ("test", "ok", 10), "test/scratch": ("test", "scratch", 7), "test/crack": ("test", "crack", 6)}
+    for sub, (split, cls, n) in pick.items():
+        (base / sub).mkdir(parents=True)
+        for p in sorted((src / split / cls).glob("*.png"))[:n]:
+            shutil.copy(p, base / sub / f"{p.stem[-3:]}.png")
+    (base / "ground_truth" / "scratch").mkdir(parents=True)  # ignored, as in MVTec
+    (dst / "other_part" / "test" / "good").mkdir(parents=True)
+    return base
+
+
+def test_mvtec_layout_carves_a_seeded_val_split(synth_data, tmp_path):
+    _mvtec_tree(synth_data, tmp_path)
+    cfg = DataConfig(root=str(tmp_path), layout="mvtec", category="metal_plate", image_size=32, mvtec_val_fraction=0.3)
+    train, val, test = (open_split(cfg, s, train=False) for s in ("train", "val", "test"))
+    assert train.classes == ["crack", "good", "scratch"]
+    assert train.classes[train.negative_index] == "good"  # "ok" (the default) is a synonym
+    assert set(train.targets) == {1} and len(train) == 12
+    assert not set(val.paths) & set(test.paths)
+    assert len(val) + len(test) == 23 and len(val) == 3 + 2 + 2
+    again = open_split(cfg, "val", train=False)
+    assert again.paths == val.paths
+    other = open_split(cfg.model_copy(update={"split_seed": 1}), "val", train=False)
+    assert other.paths != val.paths and len(other) == len(val)
+    img, _ = val[0]
+    assert img.shape == (3, 32, 32)
+
+
+def test_mvtec_train_fraction_moves_defects_into_train_without_overlap(synth_data, tmp_path):
+    _mvtec_tree(synth_data, tmp_path)
+    cfg = DataConfig(root=str(tmp_path), layout="mvtec", category="metal_plate", mvtec_train_fraction=0.5, negative_class="good")
+    parts = [set(open_split(cfg, s, train=False).paths) for s in ("train", "val", "test")]
+    assert sum(map(len, parts)) == len(set.union(*parts)) == 12 + 23
+    train = open_split(cfg, "train", train=False)
+    assert {train.classes[t] for t in train.targets} == {"good", "scratch", "crack"}
+
+
+def test_mvtec_without_category_lists_the_categories(synth_data, tmp_path):
+    _mvtec_tree(synth_data, tmp_path)
+    with pytest.raises(DtrainError) as err:
+        open_split(DataConfig(root=str(tmp_path), layout="mvtec"), "test", train=False)
+    assert "metal_plate" in str(err.value) and "other_part" in str(err.value)
+
+
+def _corrupt_copy(synth_data: Path, tmp_path: Path) -> tuple[Path, list[str]]:
+    root = tmp_path / "data"
+    shutil.copytree(synth_data / "val", root / "val")
+    truncated = root / "val" / "dent" / "zz_truncated.png"
+    data = (synth_data / "val" / "dent").glob("*.png").__next__().read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])
+    not_an_image = root / "val" / "ok" / "zz_text.png"
+    not_an_image.write_text("this is not a png")
+    return root, sorted([str(truncated), str(not_an_image)])
+
+
+@pytest.mark.parametrize("cache_decoded", [False, True])
+def test_corrupt_images_are_reported_and_skipped_through_worker_processes(synth_data, tmp_path, cache_decoded):
+    root, bad = _corrupt_copy(synth_data, tmp_path)
+    ds = open_split(DataConfig(root=str(root), image_size=32, cache_decoded=cache_decoded), "val", train=True)
+    loader = DataLoader(ds, batch_size=16, shuffle=True, num_workers=2, collate_fn=collate_skip_bad)
+    seen = 0
+    for epoch in range(2):
+        for images, labels in loader:
+            assert images.dtype == torch.uint8 and labels.dtype == torch.int64
+            assert images.shape[0] == labels.shape[0] and images.shape[1:] == (3, 32, 32)
+            seen += images.shape[0]
+    assert seen == 2 * (len(ds) - 2)
+    assert sorted(ds.bad_files) == bad
+    assert "zz_text.png" in "".join(ds.bad_reasons)
+
+
+def test_collate_of_only_bad_samples_is_an_empty_batch():
+    images, labels = collate_skip_bad([None, None])
+    assert images.shape[0] == 0 and labels.shape == (0,) and labels.dtype == torch.int64
+
+
+def test_missing_data_directory_names_the_path_and_the_fix(tmp_path):
+    missing = tmp_path / "nowhere" / "defects"
+    with pytest.raises(DtrainError) as err:
+        open_split(DataConfig(root=str(missing)), "train", train=True)
+    assert str(missing) in err.value.message
+    assert "dtrain data synth" in err.value.hint
+
+
+def test_missing_split_and_unknown_negative_class(synth_data, tmp_path):
+    shutil.copytree(synth_data / "train", tmp_path / "train")
+    with pytest.raises(DtrainError, match="split 'val' not found"):
+        open_split(DataConfig(root=str(tmp_path)), "val", train=False)
+    with pytest.raises(DtrainError, match="negative class 'fine'"):
+        open_split(DataConfig(root=str(tmp_path), negative_class="fine"), "train", train=False)
+
+
+def test_normalize_batch_matches_the_reference_formula():
+    batch = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8)
+    ref = (batch.float() / 255 - torch.tensor(MEAN).view(1, 3, 1, 1)) / torch.tensor(STD).view(1, 3, 1, 1)
+    out = normalize_batch(batch, channels_last=True)
+    assert out.dtype == torch.float32 and out.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert normalize_batch(batch, channels_last=False).is_contiguous()
+
+
+def test_preprocess_image_matches_the_evaluation_pipeline(synth_data):
+    ds = open_split(DataConfig(root=str(synth_data), image_size=48), "test", train=False)
+    path = ds.paths[5]
+    expected = ds[5][0]
+    pil = Image.open(path)
+    array = np.asarray(pil.convert("RGB"))
+    buf = io.BytesIO()
+    pil.save(buf, format="PNG")
+    for source in (pil, array, torch.from_numpy(array.copy()), buf.getvalue(), path):
+        out = preprocess_image(source, 48)
+        assert out.dtype == torch.uint8 and out.shape == (3, 48, 48)
+        assert torch.equal(out, expected), type(source)
+    grey = preprocess_image(pil.convert("L"), 48)
+    assert grey.shape == (3, 48, 48) and torch.equal(grey[0], grey[2])
