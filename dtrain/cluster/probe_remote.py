@@ -186,18 +186,24 @@ def connect_master(address, port, token, deadline):
     last = "no attempt"
     while time.time() < deadline:
         try:
-            with socket.create_connection((address, port), timeout=2) as s:
-                s.settimeout(2)
-                got = s.recv(64).decode(errors="replace").strip()
-                if got == token:
-                    return {"ok": True}
-                return {"ok": False, "error": "something else answers on port %d" % port}
+            conn = socket.create_connection((address, port), timeout=2)
         except ConnectionRefusedError as exc:
             last = str(exc)
             time.sleep(0.1)  # the master's listener may not be up yet
+            continue
         except OSError as exc:
             last = str(exc)
             time.sleep(0.2)
+            continue
+        with conn:
+            conn.settimeout(2)
+            try:
+                got = conn.recv(64).decode(errors="replace").strip()
+            except OSError:
+                got = ""
+        if got == token:
+            return {"ok": True}
+        return {"ok": False, "error": "something else answers on port %d" % port}
     return {"ok": False, "error": last}
 
 

@@ -1,0 +1,102 @@
+"""`dtrain check` across namespace hosts: a healthy cluster passes; each broken node is
+named with what to fix, and the exit status is the preflight one."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from dtrain.errors import ExitStatus
+
+pytestmark = pytest.mark.netns
+
+
+def check(dtrain_cmd, cluster_yaml, *args, timeout=60):
+    return subprocess.run([*dtrain_cmd, "check", str(cluster_yaml), *args], capture_output=True, text=True,
+                          timeout=timeout, env={**_env(), "COLUMNS": "200"})
+
+
+def _env():
+    import os
+    return dict(os.environ)
+
+
+def test_two_healthy_hosts_pass_and_name_the_interface_to_the_master(netns_cluster, dtrain_cmd, tmp_path):
+    shared = tmp_path / "shared"
+    (shared / "a").mkdir(parents=True)
+    (shared / "a" / "x.bin").write_bytes(b"123")
+    yaml = netns_cluster.cluster_yaml(2, extra=f"shared_paths: [{shared}]\n")
+    res = check(dtrain_cmd, yaml, "--port", "29611")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "h1 *" in res.stdout and "h2" in res.stdout and "FAIL" not in res.stdout
+
+    res = check(dtrain_cmd, yaml, "--port", "29611", "--json")
+    report = json.loads(res.stdout)
+    assert res.returncode == 0
+    assert [n["node"] for n in report["nodes"]] == ["h1", "h2"]
+    assert {n["ifname"] for n in report["nodes"]} == {"eth0"}
+    assert [n["port"] for n in report["nodes"]] == ["free", "open"]
+    assert report["nodes"][1]["shared"][0]["digest"] == report["nodes"][0]["shared"][0]["digest"]
+
+
+def test_an_unreachable_host_is_named(netns_cluster, dtrain_cmd):
+    ghost = netns_cluster.hosts[0].address.rsplit(".", 1)[0] + ".77"  # on the bridge, nobody there
+    yaml = netns_cluster.cluster_yaml(2, extra=f"  - {{name: ghost, host: '{ghost}'}}\n")
+    res = check(dtrain_cmd, yaml, "--port", "29612", "--timeout", "15")
+    assert res.returncode == ExitStatus.PREFLIGHT, res.stdout + res.stderr
+    assert "ghost: cannot connect with ssh" in res.stdout
+    assert "preflight failed on 1 node(s): ghost" in res.stderr
+
+
+def test_a_wrong_python_path_is_named(netns_cluster, dtrain_cmd):
+    yaml = netns_cluster.cluster_yaml(2, node_extra={"h2": "    python: /opt/nowhere/bin/python3"})
+    res = check(dtrain_cmd, yaml, "--port", "29613")
+    assert res.returncode == ExitStatus.PREFLIGHT, res.stdout + res.stderr
+    assert "h2: python '/opt/nowhere/bin/python3' not found" in res.stdout
+    assert "failed on 1 node(s): h2" in res.stderr
+
+
+def test_a_torch_version_mismatch_is_named(netns_cluster, dtrain_cmd, tmp_path):
+    # A node whose interpreter finds another torch first, as when an old install shadows
+    # the new one: a package `torch` whose version.py says 2.3.0, ahead on sys.path.
+    fake = tmp_path / "old-site" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("from torch.version import __version__\n")
+    (fake / "version.py").write_text("__version__ = '2.3.0+cu121'\ncuda: str = '12.1'\n")
+    wrapper = tmp_path / "bin" / "python3"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f"#!/bin/sh\nPYTHONPATH={fake.parent} exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    shown = subprocess.run([str(wrapper), "-c", "import torch; print(torch.__version__)"],
+                           capture_output=True, text=True).stdout.strip()
+    assert shown == "2.3.0+cu121"
+
+    yaml = netns_cluster.cluster_yaml(2, node_extra={"h2": f"    python: {wrapper}"})
+    res = check(dtrain_cmd, yaml, "--port", "29614")
+    assert res.returncode == ExitStatus.PREFLIGHT, res.stdout + res.stderr
+    assert "h2: torch 2.3.0+cu121 here but" in res.stdout and "on h1" in res.stdout
+
+
+def test_a_blocked_master_port_is_named_with_its_holder(netns_cluster, dtrain_cmd):
+    port = 29615
+    blocker = netns_cluster.popen("h1", [sys.executable, "-c", textwrap.dedent(f"""
+        import socket, sys, time
+        s = socket.socket(); s.bind(("0.0.0.0", {port})); s.listen(); print("up", flush=True); time.sleep(120)
+        """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert blocker.stdout.readline().strip() == "up"
+        yaml = netns_cluster.cluster_yaml(2)
+        res = check(dtrain_cmd, yaml, "--port", str(port))
+        assert res.returncode == ExitStatus.PREFLIGHT, res.stdout + res.stderr
+        assert f"h1: master port {port} is already in use by python" in res.stdout
+        assert f"(pid {blocker.pid})" in res.stdout
+        assert "failed on 1 node(s): h1" in res.stderr
+    finally:
+        blocker.kill()
+        blocker.wait()
