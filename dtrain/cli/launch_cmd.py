@@ -6,8 +6,96 @@ commands stay together in `dtrain --help` while living in separate files.
 
 from __future__ import annotations
 
+import sys
+from typing import Optional
+
 import typer
+
+_RUN_HELP = """Run a command on every node of a cluster with torchrun (fail-fast, logs, registry).
+
+  dtrain run cluster.yaml -- python train.py --epochs 3
+  dtrain run --hosts gpu1,gpu2 --nproc-per-node 2 -- python train.py
+  dtrain run cluster.yaml --rdzv elastic --nnodes 1:2 --max-restarts 1 -- dtrain train cfg.yaml
+
+The first word after the options is the cluster file when it ends in .yaml/.yml;
+everything else is the command (or give it in --job job.yaml)."""
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    @app.command(
+        "run", help=_RUN_HELP,
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    )
+    def run(
+        ctx: typer.Context,
+        hosts: Optional[str] = typer.Option(None, "--hosts", help="Comma-separated SSH hosts (or 'local')."),
+        nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", help="Processes per node."),
+        rdzv: Optional[str] = typer.Option(None, "--rdzv", help="static (default) or elastic."),
+        nnodes: Optional[str] = typer.Option(None, "--nnodes", help="Elastic MIN:MAX nodes."),
+        max_restarts: Optional[int] = typer.Option(None, "--max-restarts", help="Elastic restarts."),
+        port: Optional[int] = typer.Option(None, "--port", help="Master / rendezvous port."),
+        hang_timeout: Optional[float] = typer.Option(None, "--hang-timeout", help="Seconds without progress."),
+        env: list[str] = typer.Option([], "--env", help="K=V for every rank (repeatable)."),
+        name: Optional[str] = typer.Option(None, "--name", help="Job name."),
+        job_file: Optional[str] = typer.Option(None, "--job", help="job.yaml with the job description."),
+        no_preflight: bool = typer.Option(False, "--no-preflight", help="Skip the preflight checks."),
+        detach: bool = typer.Option(False, "--detach", help="Run under a background supervisor."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Print each node's command and env."),
+        tf_config: bool = typer.Option(False, "--tf-config", help="Also export TF_CONFIG."),
+        no_sync: bool = typer.Option(False, "--no-sync", help="Do not copy the working directory."),
+    ) -> None:
+        from dtrain.launch.cli_support import cluster_from, job_from, print_and_exit
+        from dtrain.launch.launcher import start
+
+        words = list(ctx.args)
+        cluster_file = words.pop(0) if words and words[0].endswith((".yaml", ".yml")) else None
+        job = job_from(
+            job_file, words, name=name, nproc_per_node=nproc_per_node, rdzv=rdzv, nnodes=nnodes,
+            max_restarts=max_restarts, port=port, hang_timeout=hang_timeout, env=env,
+            tf_config=tf_config or None, sync="never" if no_sync else None,
+        )
+        cluster = cluster_from(cluster_file, hosts)
+        started = start(job, cluster, out=sys.stdout, run_preflight=not no_preflight,
+                        dry_run=dry_run, detach=detach)
+        print_and_exit(started.exit_status)
+
+    @app.command("jobs")
+    def jobs(
+        as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+        limit: int = typer.Option(50, "--limit", help="Show at most this many jobs."),
+    ) -> None:
+        """List jobs, newest first."""
+        from dtrain.jobs.views import show_jobs
+
+        show_jobs(as_json=as_json, limit=limit)
+
+    @app.command("status")
+    def status(
+        job: str = typer.Argument(..., help="Job id (or a unique prefix, or its name)."),
+        as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    ) -> None:
+        """Show one job: state, nodes, world size, timing, exit code, reason."""
+        from dtrain.jobs.views import show_status
+
+        show_status(job, as_json=as_json)
+
+    @app.command("logs")
+    def logs(
+        job: str = typer.Argument(..., help="Job id (or a unique prefix, or its name)."),
+        follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing until the job ends."),
+        node: Optional[str] = typer.Option(None, "--node", help="Only this node's log."),
+    ) -> None:
+        """Print a job's output (all nodes interleaved, or one node)."""
+        from dtrain.jobs.views import show_logs
+
+        show_logs(job, follow=follow, node=node)
+
+    @app.command("stop")
+    def stop(
+        job: str = typer.Argument(..., help="Job id (or a unique prefix, or its name)."),
+        wait: float = typer.Option(45.0, "--wait", help="Seconds to wait for the job to end."),
+    ) -> None:
+        """Stop a running job on every node (its supervisor stops all of them)."""
+        from dtrain.jobs.views import stop_job
+
+        stop_job(job, wait=wait)

@@ -128,8 +128,9 @@ class JobRegistry:
 
     # -- writing -------------------------------------------------------------------
 
-    def create(self, name: str, nodes: list[str], world_size: int | None, job_dir: str | Path = "") -> JobRecord:
-        job_id = new_job_id(self.clock())
+    def create(self, name: str, nodes: list[str], world_size: int | None, job_dir: str | Path = "",
+               job_id: str | None = None) -> JobRecord:
+        job_id = job_id or new_job_id(self.clock())
         rec = JobRecord(job_id, name, list(nodes), world_size, JobState.PENDING, self.clock(), dir=str(job_dir))
         with self._connect() as db:
             db.execute(

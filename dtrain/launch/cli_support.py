@@ -1,0 +1,59 @@
+"""`dtrain run` flags -> a JobSpec and a ClusterSpec (validated at the edge)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import typer
+
+from dtrain.configio import load_config
+from dtrain.errors import ConfigError
+
+
+def job_from(job_file: str | None, command: list[str], **flags: Any):
+    """job.yaml (if any) <- the flags that were given <- the command after `--`."""
+    from dtrain.launch.spec import JobSpec
+
+    base: dict[str, Any] = {}
+    env_items = flags.pop("env", []) or []
+    if env_items:
+        env = {}
+        for item in env_items:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise ConfigError(f"bad --env {item!r}", "write it as --env NAME=value")
+            env[key] = value
+        base["env"] = env
+    base.update({k: v for k, v in flags.items() if v is not None})
+    if command:
+        base["command"] = command
+    if job_file is None and "command" not in base:
+        raise ConfigError("no command to run", "put it after --, e.g. dtrain run -- python train.py, or use --job job.yaml")
+    if job_file is None:
+        return load_config(JobSpec, None, base=base)
+    spec = load_config(JobSpec, job_file)
+    merged = spec.model_dump()
+    if "env" in base:
+        base["env"] = {**merged["env"], **base["env"]}
+    merged.update(base)
+    return load_config(JobSpec, None, base=merged)
+
+
+def cluster_from(cluster_file: str | None, hosts: str | None):
+    from dtrain.cluster.spec import ClusterSpec, load_cluster
+
+    host_list = [h.strip() for h in hosts.split(",")] if hosts else None
+    if cluster_file:
+        cluster = load_cluster(cluster_file)
+        return cluster.select(host_list) if host_list else cluster
+    # The quick form runs the head's own interpreter path on every node (a venv at the
+    # same path everywhere); a cluster.yaml can name a different one per node.
+    return ClusterSpec.from_hosts(host_list or ["local"], defaults={"python": sys.executable})
+
+
+def print_and_exit(status: int) -> None:
+    if status:
+        raise typer.Exit(status)
+
+

@@ -1,0 +1,209 @@
+"""The node wrapper: `python -m dtrain.launch.node [options] -- torchrun ...` on every node.
+
+It makes a job's lifetime on a node follow the head's: torchrun runs in its own session
+under this process (a child subreaper, so workers that torchrun leaves behind are
+re-parented here and found), and the whole tree is stopped - SIGTERM, then SIGKILL after
+a grace period - when stdin closes (the SSH connection or the head died) or on SIGTERM /
+SIGHUP / SIGINT. Nothing of the job outlives it.
+
+Output: torchrun's own lines pass through unchanged (worker lines already carry the
+`[node:rN]` prefix from --log-line-prefix-template); once a second the wrapper adds one
+status line starting with MARK (the ages of the ranks' heartbeat files), and a last one
+with torchrun's exit code. The head strips those lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+MARK = "@@dtrain@@ "
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def interface_towards(addr: str) -> str | None:
+    """The network interface this host uses to reach `addr` (for GLOO/NCCL_SOCKET_IFNAME)."""
+    import psutil
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((addr, 9))  # UDP connect sends nothing; it only picks the route
+            local_ip = s.getsockname()[0]
+    except OSError:
+        return None
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == local_ip for a in addrs):
+            return name
+    return None
+
+
+def heartbeat_ages(hb_dir: Path, now: float) -> dict[str, float]:
+    ages = {}
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(hb_dir):
+            if entry.name.startswith("rank"):
+                with contextlib.suppress(FileNotFoundError):
+                    ages[entry.name[4:]] = round(now - entry.stat().st_mtime, 2)
+    return ages
+
+
+class NodeWrapper:
+    def __init__(self, cmd: list[str], *, scratch: Path, grace: float, status_every: float,
+                 env: dict[str, str], out=None) -> None:
+        self.cmd = cmd
+        self.scratch = scratch
+        self.grace = grace
+        self.status_every = status_every
+        self.env = env
+        self.out = out or sys.stdout.buffer
+        self.lock = threading.Lock()
+        self.stop_reason: str | None = None
+        self.stopping = threading.Event()
+        self.proc: subprocess.Popen | None = None
+
+    def emit(self, data: bytes) -> None:
+        with self.lock:
+            try:
+                self.out.write(data)
+                self.out.flush()
+            except (BrokenPipeError, ValueError):
+                self.request_stop("output closed")
+
+    def mark(self, payload: dict) -> None:
+        self.emit((MARK + json.dumps(payload) + "\n").encode())
+
+    def request_stop(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self.stopping.set()
+
+    def run(self) -> int:
+        hb_dir = Path(self.env.get("DTRAIN_HEARTBEAT_DIR", self.scratch / "heartbeat"))
+        hb_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        self.proc = subprocess.Popen(
+            self.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env=self.env, start_new_session=True,
+        )
+        pump = threading.Thread(target=self._pump, daemon=True)
+        pump.start()
+        threading.Thread(target=self._watch_stdin, daemon=True).start()
+        while self.proc.poll() is None and not self.stopping.wait(self.status_every):
+            self.mark({"hb": heartbeat_ages(hb_dir, time.time())})
+        if self.stopping.is_set():
+            self.stop_tree()
+        rc = self.proc.wait()
+        pump.join(timeout=5)
+        self.stop_tree()  # workers torchrun may have left behind
+        code = 128 - rc if rc < 0 else rc
+        self.mark({"exit": code, "stopped": self.stop_reason})
+        shutil.rmtree(self.scratch, ignore_errors=True)
+        return code
+
+    def _pump(self) -> None:
+        for line in iter(self.proc.stdout.readline, b""):
+            self.emit(line if line.endswith(b"\n") else line + b"\n")
+
+    def _watch_stdin(self) -> None:
+        try:
+            while sys.stdin.buffer.read1(4096):
+                pass
+        except (OSError, ValueError):
+            pass
+        self.request_stop("head connection closed")
+
+    def _descendants(self) -> list:
+        import psutil
+
+        return psutil.Process().children(recursive=True)
+
+    def stop_tree(self) -> None:
+        """SIGTERM every descendant, SIGKILL what is left after the grace period."""
+        import psutil
+
+        procs = self._descendants()
+        if not procs:
+            return
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.grace
+        while time.monotonic() < deadline:
+            self._reap_orphans()
+            if not [p for p in self._descendants() if p.status() != psutil.STATUS_ZOMBIE]:
+                break
+            time.sleep(0.05)
+        for _ in range(50):  # new children may appear while we kill
+            left = [p for p in self._descendants() if _not_zombie(p)]
+            if not left:
+                break
+            for p in left:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+            time.sleep(0.05)
+            self._reap_orphans()
+
+    def _reap_orphans(self) -> None:
+        """Wait for re-parented children (not torchrun itself: Popen waits for that one)."""
+        import psutil
+
+        for p in psutil.Process().children():
+            if self.proc is not None and p.pid == self.proc.pid:
+                continue
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(p.pid, os.WNOHANG)
+
+
+def _not_zombie(p) -> bool:
+    import psutil
+
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dtrain.launch.node")
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--node", required=True)
+    parser.add_argument("--master", required=True, help="master address, to pick the interface")
+    parser.add_argument("--scratch", required=True, type=Path)
+    parser.add_argument("--grace", type=float, default=5.0)
+    parser.add_argument("--status-every", type=float, default=1.0)
+    parser.add_argument("cmd", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        parser.error("no command after --")
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")  # torchrun's tee'd lines must not wait in a buffer
+    if "GLOO_SOCKET_IFNAME" not in env:
+        ifname = interface_towards(args.master)
+        if ifname:
+            env["GLOO_SOCKET_IFNAME"] = ifname
+            env.setdefault("NCCL_SOCKET_IFNAME", ifname)
+    wrapper = NodeWrapper(cmd, scratch=args.scratch, grace=args.grace, status_every=args.status_every, env=env)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: wrapper.request_stop(f"signal {signal.Signals(signum).name}"))
+    return wrapper.run()
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    # os._exit: the stdin watcher thread may sit in a blocking read, which would make a
+    # normal interpreter shutdown abort.
+    os._exit(code)

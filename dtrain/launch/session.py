@@ -1,0 +1,265 @@
+"""Run a LaunchPlan on its nodes at once, from the head: output, fail-fast, stop, hang.
+
+One child process per node (the runner's argv: ssh, or a local process) runs the node
+wrapper. Its output is read line by line: worker lines arrive prefixed `[node:rN] ` by
+torchrun, the wrapper's status lines (MARK) are stripped and feed the watchdog, all
+other lines get a `[node] ` prefix. Each line goes to the terminal, to
+`logs/<node>.log` and to `output.log` (the interleaved view `dtrain logs` replays).
+
+Stopping a node = closing its stdin: the wrapper then stops torchrun and every worker.
+If the wrapper cannot be reached, the local ssh/child process is terminated after
+`grace + 5` s and killed after `grace + 15` s, so every node is down within 30 s.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from dtrain.launch.node import MARK
+from dtrain.launch.plan import LaunchPlan
+from dtrain.launch.summary import NodeEnd, RootCause, root_cause
+from dtrain.launch.watchdog import Hang, Watchdog
+
+_PREFIXED = re.compile(r"^\[(?P<node>[^\]:]+):r(?P<rank>\d+)\] ?(?P<text>.*)$", re.DOTALL)
+_RESTART = re.compile(r"Restarting worker group|\[default\] Rendezvous complete|rendezvous round", re.I)
+
+
+@dataclass
+class Outcome:
+    state: str  # succeeded | failed | stopped
+    exit_code: int
+    reason: str
+    cause: RootCause | None = None
+    hang: Hang | None = None
+    first_step_at: float | None = None  # monotonic time of the first worker line
+
+    def summary(self, job_id: str) -> str:
+        if self.state == "succeeded":
+            return f"job {job_id} succeeded"
+        lines = [f"job {job_id} {self.state}: {self.reason}"]
+        if self.cause is not None:
+            lines.append(self.cause.describe())
+        return "\n".join(lines)
+
+
+class _Node:
+    def __init__(self, launch, proc: subprocess.Popen, log: TextIO) -> None:
+        self.launch = launch
+        self.proc = proc
+        self.log = log
+        self.end = NodeEnd(launch.name)
+        self.eof = False
+        self.exit_reported: int | None = None
+        self.stop_sent_at: float | None = None
+
+
+class JobSession:
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        runners: dict,
+        job_dir: Path,
+        *,
+        out: TextIO,
+        clock: Callable[[], float] = time.monotonic,
+        min_nodes: int | None = None,
+    ) -> None:
+        self.plan = plan
+        self.runners = runners
+        self.job_dir = Path(job_dir)
+        self.out = out
+        self.clock = clock
+        self.min_nodes = min_nodes if min_nodes is not None else plan.nnodes[0]
+        self.lines: queue.Queue = queue.Queue()
+        self.nodes: dict[str, _Node] = {}
+        self.stop_reason: str | None = None  # set by stop() from a signal handler / CLI
+        self._stop_state = "stopped"
+        self.first_output_at: float | None = None
+
+    # -- control from outside (signal handlers, `dtrain stop`) --------------------------
+
+    def stop(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+
+    # -- the run -------------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        logs = self.job_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        self.combined = open(self.job_dir / "output.log", "a", buffering=1, encoding="utf-8")
+        self.watchdog = Watchdog(self.plan.hang_timeout, self.clock(), [n.name for n in self.plan.nodes])
+        try:
+            for launch in self.plan.nodes:
+                self._start(launch, logs)
+            return self._loop()
+        finally:
+            self._kill_all()
+            for node in self.nodes.values():
+                node.log.close()
+            self.combined.close()
+
+    def _start(self, launch, logs: Path) -> None:
+        runner = self.runners[launch.name]
+        proc = runner.popen(
+            launch.argv, env=launch.env, cwd=launch.cwd,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            # Own session: a Ctrl-C on the terminal reaches only the head, which then stops
+            # the nodes in order, instead of killing the ssh clients under it.
+            start_new_session=True,
+        )
+        node = _Node(launch, proc, open(logs / f"{launch.name}.log", "a", buffering=1, encoding="utf-8"))
+        self.nodes[launch.name] = node
+        threading.Thread(target=self._read, args=(launch.name, proc.stdout), daemon=True).start()
+
+    def _read(self, name: str, stream) -> None:
+        for raw in iter(stream.readline, b""):
+            self.lines.put((name, raw.decode("utf-8", "replace").rstrip("\r\n")))
+        self.lines.put((name, None))
+
+    def _loop(self) -> Outcome:
+        failure: str | None = None
+        hang: Hang | None = None
+        while True:
+            self._drain(timeout=0.2)
+            now = self.clock()
+            for node in self.nodes.values():
+                if node.end.exit_code is None and node.eof and node.proc.poll() is not None:
+                    self._ended(node, now)
+                    if failure is None and node.end.exit_code != 0 and self.stop_reason is None:
+                        failure = self._on_node_failure(node)
+            if self.stop_reason is None and (h := self.watchdog.check(now)) is not None:
+                hang = h
+                self._stop_state = "failed"
+                self.stop("hang: " + h.describe())
+            if self.stop_reason is not None:
+                self._stop_nodes(now)
+            if all(n.end.exit_code is not None for n in self.nodes.values()):
+                break
+        return self._outcome(failure, hang)
+
+    def _on_node_failure(self, node: _Node) -> str | None:
+        """Fail fast, unless an elastic job can go on with the nodes it still has."""
+        alive = [n for n in self.nodes.values() if n.end.exit_code is None]
+        if self.plan.rdzv == "elastic" and len(alive) >= self.min_nodes and not node.end.connection_lost:
+            self._say(f"[dtrain] node {node.launch.name} left the job (exit {node.end.exit_code}); "
+                      f"{len(alive)} node(s) continue")
+            return None
+        self._stop_state = "failed"
+        reason = f"node {node.launch.name} failed (exit {node.end.exit_code}); stopping the other nodes"
+        self.stop(reason)
+        if alive:
+            self._say(f"[dtrain] {reason}")
+        return reason
+
+    def _drain(self, timeout: float) -> None:
+        try:
+            item = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            return
+        while True:
+            self._handle(*item)
+            try:
+                item = self.lines.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, name: str, line: str | None) -> None:
+        node = self.nodes[name]
+        now = self.clock()
+        if line is None:
+            node.eof = True
+            return
+        if line.startswith(MARK):
+            self._marker(node, json.loads(line[len(MARK):]), now)
+            return
+        m = _PREFIXED.match(line)
+        if m and m.group("node") == name:
+            rank, text, shown = int(m.group("rank")), m.group("text"), line
+            if self.first_output_at is None:
+                self.first_output_at = now
+        else:
+            rank, text, shown = None, line, f"[{name}] {line}"
+            if _RESTART.search(line) and self.plan.rdzv == "elastic":
+                self.watchdog.restart(now)
+        node.end.add(rank, text)
+        self.watchdog.output(name, rank, now)
+        node.log.write(shown + "\n")
+        self.combined.write(shown + "\n")
+        self._say(shown, log=False)
+
+    def _marker(self, node: _Node, payload: dict, now: float) -> None:
+        if "hb" in payload:
+            self.watchdog.heartbeats(node.launch.name, payload["hb"], now)
+        if "exit" in payload:
+            node.exit_reported = int(payload["exit"])
+
+    def _say(self, text: str, log: bool = True) -> None:
+        if log:
+            self.combined.write(text + "\n")
+        try:
+            self.out.write(text + "\n")
+            self.out.flush()
+        except (OSError, ValueError):
+            pass
+
+    def _ended(self, node: _Node, now: float) -> None:
+        rc = node.proc.returncode
+        node.end.ended_at = now
+        node.end.stopped_by_us = node.stop_sent_at is not None
+        if node.exit_reported is None and rc != 0:
+            # The wrapper never said goodbye: the connection (or the wrapper) died.
+            node.end.connection_lost = True
+        node.end.exit_code = node.exit_reported if node.exit_reported is not None else (rc if rc >= 0 else 128 - rc)
+
+    def _stop_nodes(self, now: float) -> None:
+        for node in self.nodes.values():
+            if node.end.exit_code is not None:
+                continue
+            if node.stop_sent_at is None:
+                node.stop_sent_at = now
+                try:
+                    node.proc.stdin.close()
+                except OSError:
+                    pass
+            elif now - node.stop_sent_at > self.plan.grace + 15:
+                node.proc.kill()
+            elif now - node.stop_sent_at > self.plan.grace + 5:
+                node.proc.terminate()
+
+    def _kill_all(self) -> None:
+        for node in self.nodes.values():
+            if node.proc.poll() is None:
+                try:
+                    node.proc.stdin.close()
+                except OSError:
+                    pass
+                try:
+                    node.proc.wait(timeout=self.plan.grace + 5)
+                except subprocess.TimeoutExpired:
+                    node.proc.kill()
+                    node.proc.wait()
+
+    def _outcome(self, failure: str | None, hang: Hang | None) -> Outcome:
+        ends = [n.end for n in self.nodes.values()]
+        cause = root_cause(ends)
+        if hang is not None:
+            return Outcome("failed", 1, self.stop_reason or "hang", None, hang, self.first_output_at)
+        if self.stop_reason is not None and self._stop_state == "stopped":
+            return Outcome("stopped", 130, self.stop_reason, None, None, self.first_output_at)
+        ok = sum(1 for e in ends if e.exit_code == 0)
+        enough = ok >= self.min_nodes if self.plan.rdzv == "elastic" else ok == len(ends)
+        if failure is None and enough:
+            return Outcome("succeeded", 0, "", None, None, self.first_output_at)
+        code = cause.exit_code if cause and cause.exit_code else 1
+        reason = (failure or (f"node {cause.node} failed" if cause else "nodes failed")).split(";")[0]
+        return Outcome("failed", code, reason, cause, None, self.first_output_at)

@@ -1,0 +1,112 @@
+"""The root cause of a failed job, from what each node printed and how it ended.
+
+When one rank dies, its peers on other nodes fail a moment later with communication
+errors ("Connection closed by peer") and their torchrun agents exit too, sometimes
+before the first one's agent noticed. So the first node to exit is not always the
+culprit: a node whose failing rank shows a peer-communication error is only a root
+cause when no other node failed on its own.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections import deque
+from dataclasses import dataclass, field
+
+# torchrun's failure report: "rank      : 3 (local_rank: 1)" / "exitcode  : -9 (pid: 123)"
+_ROOT = re.compile(r"^\s*Root Cause \(first observed failure\)")
+_RANK = re.compile(r"^\s*rank\s*:\s*(-?\d+)")
+_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_PEER_ERROR = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|"
+    r"remote process exited|DistNetworkError|DistStoreError|NCCL communicator was aborted|"
+    r"Socket Timeout|RendezvousClosedError|RendezvousConnectionError|Signal 15 \(SIGTERM\) received",
+    re.IGNORECASE,
+)
+TAIL = 12
+
+
+@dataclass
+class NodeEnd:
+    """How one node's part of the job ended, as seen from the head."""
+
+    name: str
+    exit_code: int | None = None
+    ended_at: float | None = None
+    stopped_by_us: bool = False  # we had asked it to stop before it ended
+    connection_lost: bool = False  # ssh ended without the wrapper's exit report
+    agent_lines: deque = field(default_factory=lambda: deque(maxlen=200))
+    rank_lines: dict[int, deque] = field(default_factory=dict)
+
+    def add(self, rank: int | None, text: str) -> None:
+        if rank is None:
+            self.agent_lines.append(text)
+        else:
+            self.rank_lines.setdefault(rank, deque(maxlen=200)).append(text)
+
+    def failed_rank(self) -> tuple[int | None, int | None]:
+        """(rank, exitcode) from torchrun's "Root Cause" block, if it printed one."""
+        lines = list(self.agent_lines)
+        for i, line in enumerate(lines):
+            if _ROOT.match(line):
+                rank = code = None
+                for follow in lines[i + 1 : i + 12]:
+                    if rank is None and (m := _RANK.match(follow)):
+                        rank = int(m.group(1))
+                    if code is None and (m := _EXIT.match(follow)):
+                        code = int(m.group(1))
+                return rank, code
+        return None, None
+
+    def tail(self, rank: int | None) -> list[str]:
+        lines = list(self.rank_lines.get(rank, ())) if rank is not None else []
+        if not lines:
+            lines = [ln for ln in self.agent_lines if ln.strip()]
+        starts = [i for i, ln in enumerate(lines) if ln.lstrip().startswith("Traceback")]
+        if starts:
+            lines = lines[starts[-1]:]
+        return lines[-TAIL:]
+
+    def peer_error(self) -> bool:
+        rank, _ = self.failed_rank()
+        return any(_PEER_ERROR.search(ln) for ln in self.tail(rank))
+
+
+@dataclass
+class RootCause:
+    node: str
+    rank: int | None
+    exit_code: int | None
+    rank_exit_code: int | None
+    tail: list[str]
+    connection_lost: bool
+
+    def describe(self) -> str:
+        who = f"node {self.node}" + (f" rank {self.rank}" if self.rank is not None else "")
+        if self.connection_lost:
+            head = f"first failure: {who}: lost the connection to the node (ssh exit {self.exit_code})"
+        else:
+            code = self.rank_exit_code if self.rank_exit_code is not None else self.exit_code
+            head = f"first failure: {who} exited with code {code}{_signal_name(code)}"
+        body = [f"  | {ln}" for ln in self.tail]
+        return "\n".join([head, *(["  last lines:"] + body if body else [])])
+
+
+def _signal_name(code: int | None) -> str:
+    if code is None or code >= 0:
+        return ""
+    try:
+        return f" ({signal.Signals(-code).name})"
+    except ValueError:
+        return ""
+
+
+def root_cause(ends: list[NodeEnd]) -> RootCause | None:
+    failed = [e for e in ends if e.exit_code not in (0, None) and not e.stopped_by_us]
+    if not failed:
+        return None
+    # Lost connections and own failures before peer-error echoes; then by time.
+    first = min(failed, key=lambda e: (not e.connection_lost and e.peer_error(), e.ended_at or 0.0))
+    rank, rank_code = first.failed_rank()
+    return RootCause(first.name, rank, first.exit_code, rank_code, first.tail(rank), first.connection_lost)

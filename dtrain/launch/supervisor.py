@@ -1,0 +1,113 @@
+"""The process that drives one job on the head: registry states, signals, the session.
+
+The foreground `dtrain run` is the supervisor of its job; `dtrain run --detach` hands
+the same work to `python -m dtrain.launch.supervisor JOB_ID` in a new session. Either
+way its pid is in the registry, `dtrain stop` sends it SIGTERM, and a reader that finds
+it gone marks the job failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TextIO
+
+from dtrain.jobs.registry import JobRegistry, JobState
+from dtrain.launch.plan import LaunchPlan
+from dtrain.launch.session import JobSession, Outcome
+from dtrain.paths import job_dir
+
+JOB_FILE = "job.json"
+
+
+def write_job_file(directory: Path, plan: LaunchPlan, cluster, job) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / JOB_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(
+        {"plan": plan.to_json(), "cluster": cluster.model_dump(), "job": job.model_dump()}, indent=2
+    ))
+    tmp.replace(path)
+    return path
+
+
+def read_job_file(directory: Path):
+    from dtrain.cluster.spec import ClusterSpec
+    from dtrain.launch.spec import JobSpec
+
+    data = json.loads((directory / JOB_FILE).read_text())
+    return LaunchPlan.from_json(data["plan"]), ClusterSpec.model_validate(data["cluster"]), JobSpec.model_validate(data["job"])
+
+
+@contextmanager
+def _signals_stop(session: JobSession):
+    """SIGTERM/SIGHUP (`dtrain stop`, a closed terminal) and Ctrl-C stop the whole job."""
+    reasons = {
+        signal.SIGTERM: "stopped (SIGTERM, e.g. dtrain stop)",
+        signal.SIGHUP: "stopped (SIGHUP: the terminal went away)",
+        signal.SIGINT: "interrupted (Ctrl-C)",
+    }
+    old = {sig: signal.signal(sig, lambda s, f: session.stop(reasons[signal.Signals(s)])) for sig in reasons}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def supervise(job_id: str, *, out: TextIO, registry: JobRegistry | None = None) -> Outcome:
+    from dtrain.cluster.runner import runner_for
+
+    registry = registry or JobRegistry()
+    directory = job_dir(job_id)
+    plan, cluster, job = read_job_file(directory)
+    runners = {n.name: runner_for(n, cluster) for n in cluster.nodes}
+    registry.set_supervisor(job_id, os.getpid())
+    registry.mark_running(job_id)
+    session = JobSession(plan, runners, directory, out=out)
+    outcome: Outcome | None = None
+    try:
+        with _signals_stop(session):
+            outcome = session.run()
+    finally:
+        if outcome is None:
+            registry.finish(job_id, JobState.FAILED, 1, "supervisor error")
+    summary = outcome.summary(job_id)
+    if outcome.hang is not None:
+        summary = f"job {job_id} failed: {outcome.hang.describe()}"
+    with open(directory / "output.log", "a", encoding="utf-8") as log:
+        log.write(summary + "\n")
+    registry.finish(job_id, JobState(outcome.state), outcome.exit_code, summary.splitlines()[0])
+    return outcome
+
+
+def spawn(job_id: str, registry: JobRegistry) -> int:
+    """Start the detached supervisor of `job_id`; returns its pid (also recorded)."""
+    directory = job_dir(job_id)
+    with open(directory / "supervisor.log", "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dtrain.launch.supervisor", job_id],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, close_fds=True,
+        )
+    registry.set_supervisor(job_id, proc.pid)
+    return proc.pid
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m dtrain.launch.supervisor JOB_ID", file=sys.stderr)
+        return 2
+    with open(os.devnull, "w") as devnull:
+        outcome = supervise(args[0], out=devnull)
+    return outcome.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

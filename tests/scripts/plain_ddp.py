@@ -1,0 +1,59 @@
+"""An ordinary torchrun script, written without dtrain in mind.
+
+Plain init_process_group, DistributedSampler and DDP; it reads only torchrun's
+environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT via env://).
+Rank 0 writes the final parameters to --out.
+"""
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--out", default="")
+    parser.add_argument("--sleep", type=float, default=0.0, help="seconds per step")
+    parser.add_argument("--fail-rank", type=int, default=-1)
+    parser.add_argument("--fail-step", type=int, default=-1)
+    args = parser.parse_args()
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    x = torch.randn(256, 8)
+    y = x @ torch.arange(8.0) + 1.0
+    data = TensorDataset(x, y)
+    sampler = DistributedSampler(data, shuffle=True, seed=0)
+    loader = DataLoader(data, batch_size=16, sampler=sampler)
+    model = DDP(torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    step = 0
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)
+        for xb, yb in loader:
+            if rank == args.fail_rank and step == args.fail_step:
+                raise RuntimeError(f"planned failure on rank {rank} at step {step}")
+            loss = torch.nn.functional.mse_loss(model(xb).squeeze(1), yb)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if rank == 0:
+                print(f"epoch {epoch} step {step} loss {loss.item():.4f}", flush=True)
+            step += 1
+            time.sleep(args.sleep)
+    if rank == 0:
+        print(f"done world={world} steps={step}", flush=True)
+        if args.out:
+            torch.save({k: v.detach().clone() for k, v in model.module.state_dict().items()}, args.out)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
