@@ -25,7 +25,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(TrainConfig, args.config, args.overrides)
         from dtrain.train.trainer import run
 
-        result = run(cfg, resume=args.resume)
+        # `dtrain run --rdzv elastic` sets DTRAIN_AUTO_RESUME=1: a restarted worker group
+        # continues from the last checkpoint (a fresh start when there is none yet).
+        auto = __import__("os").environ.get("DTRAIN_AUTO_RESUME") == "1"
+        result = run(cfg, resume=args.resume or auto)
     except DtrainError as exc:
         print(f"dtrain: error: {exc}", file=sys.stderr)
         return int(exc.exit_status)
