@@ -7,6 +7,7 @@ This is what runs in a plain process, under `torchrun`, and in each worker that
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from dtrain.errors import DtrainError
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # `dtrain run --rdzv elastic` sets DTRAIN_AUTO_RESUME=1: a restarted worker group
         # continues from the last checkpoint (a fresh start when there is none yet).
-        auto = __import__("os").environ.get("DTRAIN_AUTO_RESUME") == "1"
+        auto = os.environ.get("DTRAIN_AUTO_RESUME") == "1"
         result = run(cfg, resume=args.resume or auto)
     except DtrainError as exc:
         print(f"dtrain: error: {exc}", file=sys.stderr)
