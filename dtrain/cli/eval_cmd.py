@@ -1,9 +1,107 @@
-"""Commands of this module are registered on the root app by `register`."""
+"""`dtrain eval` and `dtrain quickstart`: evaluation for a target miss rate, and the whole recipe."""
 
 from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
 
 import typer
 
 
 def register(app: typer.Typer) -> None:
-    pass
+    app.command("eval")(eval_command)
+    app.command("quickstart")(quickstart_command)
+
+
+def eval_command(
+    checkpoint: Path = typer.Argument(..., help="A checkpoint written by `dtrain train` (OUTPUT/checkpoints/last.pt)."),
+    data: str = typer.Argument(..., help="The data set root (with val and test splits), or a storage URL."),
+    target_miss_rate: float = typer.Option(0.005, "--target-miss-rate", help="The miss rate the threshold must meet on validation."),
+    as_json: bool = typer.Option(False, "--json", help="Print the evaluation JSON to stdout instead of a table."),
+    out: Path | None = typer.Option(None, "--out", help="Where to write evaluation.json and the plots [default: RUN/eval]."),
+    batch_size: int = typer.Option(256, "--batch-size", min=1, help="Images per inference batch."),
+) -> None:
+    """Accuracy, miss rate with its 95 % upper bound, false-alarm rate, threshold and plots for a checkpoint."""
+    from dtrain.inspect.evaluate import evaluate, json_safe
+
+    out_dir = out or default_eval_dir(checkpoint)
+    with progress_bars(sys.stderr) as progress:
+        result = evaluate(checkpoint, data, target_miss_rate, out_dir=out_dir, batch_size=batch_size, progress=progress)
+    if as_json:
+        typer.echo(json.dumps(json_safe(result), indent=2))
+    else:
+        print_summary(result, out_dir)
+
+
+def default_eval_dir(checkpoint: Path) -> Path:
+    """RUN/eval for RUN/checkpoints/last.pt; next to the file otherwise."""
+    parent = checkpoint.resolve().parent
+    return (parent.parent if parent.name == "checkpoints" else parent) / "eval"
+
+
+def progress_bars(stream):
+    """A context manager yielding `progress(split, total) -> advance(n)` backed by rich bars."""
+    from contextlib import contextmanager
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    @contextmanager
+    def bars():
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+        with Progress(*columns, console=Console(file=stream), transient=False) as bar:
+            def start(split: str, total: int):
+                task = bar.add_task(f"predict {split}", total=total)
+                return lambda n: bar.update(task, advance=n)
+
+            yield start
+
+    return bars()
+
+
+def print_summary(result: dict, out_dir: Path | None = None, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    pct = lambda x: f"{100 * x:.2f} %"  # noqa: E731
+    table = Table(title="test split", show_header=True)
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    table.add_column("detail")
+    table.add_row("accuracy", pct(result["accuracy"]),
+                  f"argmax {pct(result['accuracy_argmax'])}, OK/defect {pct(result['binary_accuracy'])}")
+    ok = result["miss_rate"] <= result["target_miss_rate"]
+    table.add_row("miss rate", f"[{'green' if ok else 'red'}]{pct(result['miss_rate'])}[/]",
+                  f"{result['n_missed']}/{result['n_defective']} defective judged OK (target {pct(result['target_miss_rate'])})")
+    table.add_row("miss rate 95 % upper", pct(result["miss_rate_upper95"]), "one-sided Clopper-Pearson")
+    table.add_row("false-alarm rate", pct(result["false_alarm_rate"]), f"{result['n_false_alarms']}/{result['n_ok']} OK judged defective")
+    table.add_row("threshold", f"{result['threshold']:.4f}", "on P(defect), chosen on validation")
+    for key in ("world_size", "train_time_s", "total_time_s"):
+        if key in result:
+            value = result[key]
+            table.add_row(key.replace("_", " "), f"{value:.0f}" if isinstance(value, float) else str(value), "")
+    console.print(table)
+    for warning in result.get("warnings", []):
+        console.print(f"[yellow]warning:[/] {warning}")
+    if out_dir is not None:
+        console.print(f"plots and evaluation.json in {out_dir}")
+
+
+def quickstart_command(
+    workdir: Path = typer.Option(Path("runs/quickstart"), "--workdir", help="Where data, checkpoints and the report go."),
+    images: int | None = typer.Option(None, "--images", min=60, help="Images to synthesise [default: the tuned recipe's]."),
+    epochs: int | None = typer.Option(None, "--epochs", min=1, help="Training epochs [default: the tuned recipe's]."),
+    nproc: int | None = typer.Option(None, "--nproc", min=1, help="DDP processes [default: one per GPU, else 2 (capped by cores)]."),
+) -> None:
+    """The whole recipe on this machine: synthesise data, train with DDP, evaluate, write report.json + report.html."""
+    from dtrain.quickstart import QuickstartOptions, run_quickstart
+
+    options = QuickstartOptions(workdir=workdir, images=images, epochs=epochs, nproc=nproc)
+    result = run_quickstart(options, stream=sys.stdout)
+    from rich.console import Console
+
+    console = Console()
+    print_summary(result, None, console)
+    console.print(f"report: {workdir / 'report.html'}  (JSON: {workdir / 'report.json'})")

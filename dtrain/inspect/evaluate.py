@@ -14,13 +14,15 @@ import json
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dtrain.errors import DtrainError
 from dtrain.inspect import metrics as M
-from dtrain.inspect.predict import Predictions
+
+if TYPE_CHECKING:  # torch is imported only once there is something to predict
+    from dtrain.inspect.predict import Predictions
 
 # How many misclassified test images the evaluation names (the report shows them).
 MAX_LISTED_ERRORS = 24
@@ -120,17 +122,19 @@ def evaluate(
     `progress(split, total)` returns a per-batch callback (the CLI shows a bar).
     With `out_dir`, also writes `evaluation.json` and the PNG plots there.
     """
+    if not 0.0 < target_miss_rate < 1.0:
+        raise DtrainError(f"target miss rate must be between 0 and 1, got {target_miss_rate}", "e.g. --target-miss-rate 0.005")
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_file():
+        raise DtrainError(f"checkpoint not found: {checkpoint}", "train one with `dtrain train CONFIG` (it writes OUTPUT/checkpoints/last.pt)")
+    _check_root(str(getattr(data, "root", data)))
+
     import torch
 
     from dtrain.data.datasets import open_split
     from dtrain.inspect.predict import predict_split
     from dtrain.train.checkpoint import load_for_inference
 
-    if not 0.0 < target_miss_rate < 1.0:
-        raise DtrainError(f"target miss rate must be between 0 and 1, got {target_miss_rate}", "e.g. --target-miss-rate 0.005")
-    checkpoint = Path(checkpoint)
-    if not checkpoint.is_file():
-        raise DtrainError(f"checkpoint not found: {checkpoint}", "train one with `dtrain train CONFIG` (it writes OUTPUT/checkpoints/last.pt)")
     model, meta = load_for_inference(str(checkpoint), map_location="cpu")
     cfg = _data_config(data, meta)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -169,9 +173,12 @@ def _data_config(data: Any, meta: dict[str, Any]):
         base = dict((meta.get("config") or {}).get("data") or {})
         base.update(root=str(data), image_size=int(meta["image_size"]))
         cfg = validate(DataConfig, base, "the checkpoint's data config")
-    if "://" not in cfg.root and not Path(cfg.root).is_dir():
-        raise DtrainError(f"data directory not found: {cfg.root}", "create one with `dtrain data synth DIR`, or pass the right path")
     return cfg
+
+
+def _check_root(root: str) -> None:
+    if "://" not in root and not Path(root).is_dir():
+        raise DtrainError(f"data directory not found: {root}", "create one with `dtrain data synth DIR`, or pass the right path")
 
 
 def write_outputs(out_dir: Path, result: dict[str, Any], test: Predictions) -> None:
@@ -182,15 +189,15 @@ def write_outputs(out_dir: Path, result: dict[str, Any], test: Predictions) -> N
     negative_index = result["classes"].index(result["negative_class"])
     result["plots"] = plots.write_eval_plots(out_dir, result, test.probs, test.targets, negative_index)
     np.savez_compressed(out_dir / "scores.npz", probs=test.probs, targets=test.targets)
-    (out_dir / "evaluation.json").write_text(json.dumps(_finite(result), indent=2) + "\n")
+    (out_dir / "evaluation.json").write_text(json.dumps(json_safe(result), indent=2) + "\n")
 
 
-def _finite(obj: Any) -> Any:
+def json_safe(obj: Any) -> Any:
     """JSON has no NaN/inf: write them as null."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
+        return {k: json_safe(v) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_finite(v) for v in obj]
+        return [json_safe(v) for v in obj]
     return obj

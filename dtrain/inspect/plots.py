@@ -104,7 +104,8 @@ def training_curves(records: list[dict[str, Any]], path: Path) -> bool:
         step = rec.get("step")
         if not isinstance(step, (int, float)):
             continue
-        prefix = f"{rec['split']}_" if isinstance(rec.get("split"), str) else ""
+        # The trainer's rows carry kind "train" or "val" (dtrain.train.logs).
+        prefix = f"{rec['kind']}_" if isinstance(rec.get("kind"), str) else ""
         for key, value in rec.items():
             if key in ("step", "epoch", "time", "samples") or isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue

@@ -1,0 +1,171 @@
+"""`dtrain quickstart`: the whole inspection recipe on this machine, with tuned defaults.
+
+synthesise a defect data set (if absent) -> train with DDP on every local device (the
+launcher `dtrain train --nproc` uses) -> evaluate against the target miss rate ->
+`WORKDIR/report.json` + `WORKDIR/report.html`.
+
+The recipe below is tuned so that on a 2-core CPU (world size 2, gloo) the whole run
+fits well under 10 minutes and reaches a test miss rate <= 0.5 % and accuracy >= 97 %
+(numbers in BENCHMARKS.md). Every knob is an ordinary TrainConfig field, so the
+written `WORKDIR/train.yaml` reproduces the training with `dtrain train`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from dtrain.errors import DtrainError
+
+# The tuned recipe (see the module docstring).
+IMAGES = 6000
+IMAGE_SIZE = 64
+SEED = 0
+EPOCHS = 6
+TARGET_MISS_RATE = 0.005
+TRAIN = {
+    "model": {"arch": "resnet18"},
+    "batch_size": 64,
+    "optim": {"name": "adamw", "lr": 3e-3, "weight_decay": 0.05, "warmup_steps": 30},
+    "precision": "auto",
+    "channels_last": True,
+    "log_every": 10,
+    "checkpoint_every": 1,
+}
+
+
+@dataclass
+class QuickstartOptions:
+    workdir: Path = Path("runs/quickstart")
+    images: int | None = None
+    epochs: int | None = None
+    nproc: int | None = None
+    image_size: int = IMAGE_SIZE
+    seed: int = SEED
+    target_miss_rate: float = TARGET_MISS_RATE
+
+
+def train_config(opts: QuickstartOptions, data_dir: Path, output_dir: Path) -> dict[str, Any]:
+    """The TrainConfig (as a plain dict, what train.yaml holds) of the recipe."""
+    return {
+        **TRAIN,
+        "data": {"root": str(data_dir), "image_size": opts.image_size, "cache_decoded": True},
+        "epochs": opts.epochs or EPOCHS,
+        "seed": opts.seed,
+        "output_dir": str(output_dir),
+    }
+
+
+def ensure_data(data_dir: Path, images: int, size: int, seed: int, stream: TextIO) -> dict[str, Any]:
+    """Synthesise the data set unless one with the same recipe is already there."""
+    from dtrain.data.synth import synthesize
+
+    manifest_path = data_dir / "manifest.json"
+    if manifest_path.is_file():
+        manifest = json.loads(manifest_path.read_text())
+        if _manifest_matches(manifest, images, size, seed):
+            print(f"data: reusing {data_dir} ({images} images, {size} px, seed {seed})", file=stream)
+            return manifest
+        print(f"data: {data_dir} was made with other settings; synthesising again", file=stream)
+        shutil.rmtree(data_dir)
+    print(f"data: synthesising {images} images of {size} px into {data_dir}", file=stream)
+    with _bar(stream, "synthesise", images) as advance:
+        synthesize(data_dir, images=images, size=size, seed=seed, progress=advance)
+    return json.loads(manifest_path.read_text())
+
+
+def _manifest_matches(manifest: dict[str, Any], images: int, size: int, seed: int) -> bool:
+    total = manifest.get("images", manifest.get("total"))
+    return manifest.get("seed") == seed and manifest.get("size") == size and total == images
+
+
+class _bar:
+    """A rich progress bar whose `advance(n)` the synthesiser calls."""
+
+    def __init__(self, stream: TextIO, description: str, total: int) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeRemainingColumn(), console=Console(file=stream))
+        self.task = self.progress.add_task(description, total=total)
+
+    def __enter__(self):
+        self.progress.start()
+        return lambda n=1: self.progress.update(self.task, advance=n)
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+
+def run_quickstart(opts: QuickstartOptions, stream: TextIO = sys.stdout) -> dict[str, Any]:
+    """Run the recipe; returns the report dict also written to WORKDIR/report.json."""
+    from dtrain.inspect.evaluate import evaluate
+    from dtrain.inspect.report import write_report
+    from dtrain.train.launch_local import default_nproc, launch_local
+
+    t0 = time.perf_counter()
+    workdir = Path(opts.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    images = opts.images or IMAGES
+    data_dir, train_dir, eval_dir = workdir / "data", workdir / "train", workdir / "eval"
+    ensure_data(data_dir, images, opts.image_size, opts.seed, stream)
+    t_data = time.perf_counter() - t0
+
+    cfg_dict = train_config(opts, data_dir, train_dir)
+    cfg_path = workdir / "train.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg_dict, sort_keys=False))
+    # A fresh run every time: an old last.pt must not be mistaken for this run's result.
+    shutil.rmtree(train_dir, ignore_errors=True)
+    nproc = opts.nproc or default_nproc()
+    print(f"train: {nproc} DDP processes, config {cfg_path}", file=stream)
+    t1 = time.perf_counter()
+    launch_local(str(cfg_path), nproc=nproc, overrides=[])
+    train_time = time.perf_counter() - t1
+    checkpoint = train_dir / "checkpoints" / "last.pt"
+    if not checkpoint.is_file():
+        raise DtrainError(f"training finished without a checkpoint at {checkpoint}", f"see the log above and {train_dir}")
+
+    print("eval: predicting the validation and test splits", file=stream)
+    from dtrain.cli.eval_cmd import progress_bars
+
+    with progress_bars(stream) as progress:
+        result = evaluate(checkpoint, data_dir, opts.target_miss_rate, out_dir=eval_dir, progress=progress)
+    report = {**result, **_training_figures(checkpoint, train_dir, train_time)}
+    report.update(
+        data_time_s=t_data,
+        total_time_s=time.perf_counter() - t0,
+        config=cfg_dict,
+        workdir=str(workdir),
+    )
+    write_report(workdir, report, eval_dir, train_dir / "metrics.jsonl", title="dtrain quickstart: surface-defect inspection")
+    return report
+
+
+def _training_figures(checkpoint: Path, train_dir: Path, train_time: float) -> dict[str, Any]:
+    """World size from the checkpoint, throughput from the trainer's metrics log."""
+    import torch
+
+    from dtrain.inspect.report import read_jsonl
+
+    blob = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    rows = read_jsonl(train_dir / "metrics.jsonl")
+    rates = [r["images_per_s"] for r in rows if r.get("kind") == "train" and "images_per_s" in r]
+    val = [r for r in rows if r.get("kind") == "val"]
+    return {
+        "world_size": int(blob["world_size"]),
+        "epochs": int(blob["epoch"]),
+        "steps": int(blob["step"]),
+        "train_time_s": train_time,
+        # The median logged window: steady-state speed, without start-up and validation.
+        "train_images_per_s": statistics.median(rates) if rates else 0.0,
+        "final_val_accuracy": val[-1].get("accuracy") if val else None,
+    }
