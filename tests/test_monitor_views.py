@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 
@@ -86,3 +87,103 @@ def test_top_renders_every_node_and_the_findings_in_80_columns(stored_job):
     assert "GPU 0 on b was idle" in text
     assert "node b stopped reporting" in text
     assert "nodes 1/2 reporting" in text
+
+
+def test_report_writes_html_pngs_and_summary(stored_job, tmp_path, dtrain_cmd):
+    import subprocess
+
+    out = tmp_path / "rep"
+    res = subprocess.run([*dtrain_cmd, "report", str(stored_job.dir), "--out", str(out)], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "2 nodes, 4 ranks" in res.stdout
+    for name in ("report.html", "summary.json", "utilization.png", "throughput.png", "loss.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert (out / "utilization.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    s = json.loads((out / "summary.json").read_text())
+    tot = s["totals"]
+    assert tot["nodes"] == 2 and tot["ranks"] == 4 and tot["gpus"] == 2
+    # node a: 400 samples 1 s apart -> 400 s; node b: 396 s
+    assert tot["node_hours"] == pytest.approx((400 + 396) / 3600)
+    assert tot["gpu_hours"] == pytest.approx((400 + 396) / 3600)
+    assert tot["mean_gpu_utilization"] == pytest.approx((0.93 * 400 + 0.02 * 396) / 796)
+    # every step waits 0.01 s: rank 3 (4 steps/s, 396 polls) + ranks 0..2 (10 steps/s)
+    steps = 10 * 400 * 2 + 10 * 396 + 4 * 396
+    assert tot["steps"] == steps and tot["data_wait_s"] == pytest.approx(0.01 * steps)
+    assert s["ranks"]["3"]["node"] == "b" and s["ranks"]["3"]["step_time_median"] == pytest.approx(0.25)
+    assert s["ranks"]["0"]["data_wait_fraction"] == pytest.approx(0.1)
+    assert s["nodes"]["a"]["gpus"]["0"]["util_mean"] == pytest.approx(0.93)
+    kinds = {(f["kind"], f["node"], f["rank"], f["gpu"]) for f in s["findings"]}
+    assert kinds == {("straggler", "b", 3, None), ("idle_gpu", "b", None, 0), ("not_reporting", "b", None, None)}
+    html = (out / "report.html").read_text()
+    assert "rank 3 on b is a straggler" in html and "<img src='utilization.png'" in html
+
+
+def test_views_of_an_unknown_job_fail_with_a_message(dtrain_home, dtrain_cmd):
+    import subprocess
+
+    for argv in (["report", "nope"], ["top", "nope", "--once"]):
+        res = subprocess.run([*dtrain_cmd, *argv], capture_output=True, text=True, timeout=60)
+        assert res.returncode != 0
+        assert "no job 'nope'" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_top_cli_once(stored_job, dtrain_cmd):
+    import subprocess
+
+    res = subprocess.run([*dtrain_cmd, "top", str(stored_job.dir), "--once"], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "COLUMNS": "80"})
+    assert res.returncode == 0, res.stderr
+    assert "rank 3 on b is a straggler" in res.stdout and "r3 0.25s" in res.stdout
+
+
+def test_dashboard_of_a_finished_job_in_headless_chromium(stored_job, dtrain_home, tmp_path):
+    import re
+    import shutil
+    import subprocess
+    import threading
+    import urllib.request
+
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    if not os.path.exists(chromium):
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing in CI (.ci/run installs it)")
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    shutil.copytree(stored_job.dir, dtrain_home / "jobs" / stored_job.id)
+    logs = dtrain_home / "jobs" / stored_job.id / "logs"
+    logs.mkdir()
+    (logs / "a.log").write_text("[a:r0] epoch 0 step 10 loss 1.93\n")
+
+    from dtrain.monitor.dashboard.server import make_server
+
+    server = make_server("127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        jobs = json.loads(urllib.request.urlopen(base + "/api/jobs", timeout=10).read())
+        assert [j["id"] for j in jobs] == [stored_job.id]
+        js = urllib.request.urlopen(base + "/static/plotly.min.js", timeout=10).read()
+        assert len(js) > 1_000_000 and b"plotly" in js[:2000].lower()
+        assert urllib.request.urlopen(base + "/api/jobs/" + stored_job.id + "/logs", timeout=10).status == 200
+
+        shot = tmp_path / "dashboard.png"
+        res = subprocess.run(
+            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'chromium'}", "--window-size=1400,2000", "--virtual-time-budget=5000",
+             f"--screenshot={shot}", "--dump-dom", base + "/"],
+            capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert res.returncode == 0, res.stderr[-2000:]
+    dom = res.stdout
+    charts = dict(re.findall(r'<div id="chart-(\w+)" class="chart js-plotly-plot" data-points="(\d+)"', dom))
+    assert set(charts) == {"cpu", "mem", "net_rx", "net_tx", "disk_r", "disk_w", "gpu_util", "gpu_mem", "step_time",
+                           "samples", "loss", "data_wait"}, charts  # fmt: skip
+    assert int(charts["cpu"]) == 400 + 396 and int(charts["step_time"]) == 400 * 2 + 396 * 2
+    assert all(int(n) > 0 for n in charts.values())
+    assert dom.count('class="js-line"') >= 12  # plotly drew the lines in SVG
+    assert "rank 3 on b is a straggler" in dom and "[a:r0] epoch 0 step 10 loss 1.93" in dom
+    assert shot.stat().st_size > 20_000 and shot.read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,151 @@
+"""The dashboard's HTTP server: the static page, plotly.js from the plotly wheel, and a
+JSON API over the stored jobs. Standard library only (nothing to install, starts fast).
+
+    GET /                                  the page
+    GET /static/<file>                     app.js, style.css, plotly.min.js
+    GET /api/jobs                          jobs with stored metrics, newest first
+    GET /api/jobs/<id>/series?since=T      samples newer than T (the page polls for live)
+    GET /api/jobs/<id>/logs?lines=N        the tails of the job's logs
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import socket
+import urllib.parse
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from dtrain.errors import DtrainError
+from dtrain.monitor import findings as rules
+from dtrain.monitor.jobs import list_jobs, resolve
+
+STATIC = Path(__file__).parent / "static"
+TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
+         ".html": "text/html; charset=utf-8"}  # fmt: skip
+MAX_LOG_LINES = 500
+
+
+def plotly_js() -> Path:
+    """plotly.min.js as shipped inside the plotly wheel (found without importing plotly)."""
+    spec = importlib.util.find_spec("plotly")
+    if spec is None or not spec.submodule_search_locations:
+        raise DtrainError("the plotly package is missing", "pip install plotly (it ships the dashboard's charts)")
+    path = Path(next(iter(spec.submodule_search_locations))) / "package_data" / "plotly.min.js"
+    if not path.is_file():
+        raise DtrainError(f"plotly.min.js not found at {path}", "reinstall plotly: pip install --force-reinstall plotly")
+    return path
+
+
+def _clean(obj: Any) -> Any:
+    """JSON has no NaN/inf: they become null."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def series(job_id: str, since: float) -> dict[str, Any]:
+    info = resolve(job_id)
+    store = info.open()
+    try:
+        span = store.time_range()
+        nodes = store.node_series(since)
+        for s in nodes.values():
+            s.pop("detail", None)
+        return _clean({
+            "job": info.as_dict(),
+            "last": span[1] if span else since,
+            "first": span[0] if span else None,
+            "states": store.nodes(),
+            "nodes": nodes,
+            "gpus": {f"{n}/gpu{g}": s for (n, g), s in store.gpu_series(since).items()},
+            "ranks": {f"{r}": dict(s, node=n) for (n, r), s in store.rank_series(since).items()},
+            "findings": [f.as_dict() for f in rules.from_store(store)],
+        })  # fmt: skip
+    finally:
+        store.close()
+
+
+def logs(job_id: str, lines: int) -> dict[str, list[str]]:
+    info = resolve(job_id)
+    files = sorted((info.dir / "logs").glob("*.log")) + [info.dir / "monitor.log"]
+    out = {}
+    for path in files:
+        if path.is_file():
+            with open(path, errors="replace") as fh:
+                out[path.stem if path.parent.name == "logs" else "monitor"] = [l.rstrip("\n") for l in deque(fh, lines)]
+    return out
+
+
+def _static(name: str) -> Path | None:
+    """Only files shipped in static/: a name from the URL never leaves that folder."""
+    path = (STATIC / name).resolve()
+    return path if path.parent == STATIC.resolve() else None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802
+        url = urllib.parse.urlsplit(self.path)
+        query = urllib.parse.parse_qs(url.query)
+        parts = [urllib.parse.unquote(p) for p in url.path.strip("/").split("/") if p]
+        try:
+            if not parts:
+                self._file(STATIC / "index.html")
+            elif parts[0] == "static" and len(parts) == 2:
+                self._file(plotly_js() if parts[1] == "plotly.min.js" else _static(parts[1]))
+            elif parts == ["api", "jobs"]:
+                self._json([j.as_dict() for j in list_jobs()])
+            elif len(parts) == 4 and parts[:2] == ["api", "jobs"] and parts[3] == "series":
+                self._json(series(parts[2], float(query.get("since", ["0"])[0])))
+            elif len(parts) == 4 and parts[:2] == ["api", "jobs"] and parts[3] == "logs":
+                n = min(MAX_LOG_LINES, int(query.get("lines", ["50"])[0]))
+                self._json(logs(parts[2], n))
+            else:
+                self._send(404, b"not found\n", "text/plain")
+        except DtrainError as exc:
+            self._send(404, json.dumps({"error": str(exc)}).encode(), "application/json")
+        except ValueError as exc:
+            self._send(400, json.dumps({"error": str(exc)}).encode(), "application/json")
+
+    def _file(self, path: Path | None) -> None:
+        if path is None or not path.is_file():
+            self._send(404, b"not found\n", "text/plain")
+            return
+        body = path.read_bytes()
+        self._send(200, body, TYPES.get(path.suffix, "application/octet-stream"), cache=path.name == "plotly.min.js")
+
+    def _json(self, obj: Any) -> None:
+        self._send(200, json.dumps(obj).encode(), "application/json")
+
+    def _send(self, code: int, body: bytes, ctype: str, cache: bool = False) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "max-age=86400" if cache else "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # the page polls every 2 s
+        pass
+
+
+class DashboardServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+
+class _DashboardServer6(DashboardServer):
+    address_family = socket.AF_INET6
+
+
+def make_server(host: str = "127.0.0.1", port: int = 8765) -> DashboardServer:
+    plotly_js()  # fail at start, not on the first page load
+    cls = _DashboardServer6 if ":" in host else DashboardServer
+    return cls((host, port), _Handler)
