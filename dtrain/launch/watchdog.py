@@ -4,6 +4,10 @@ Signs of life per (node, rank): the mtime of the rank's heartbeat file (refreshe
 dtrain training library's report_step, reported by the node wrapper as an age, so clocks
 of different hosts never get compared) and, for any other script, its output lines.
 The wrapper's own status lines prove only that the node is reachable, not progress.
+
+The clock starts at the first sign of life from a rank: before that the job is starting
+(imports, rendezvous, data set scans), bounded by `startup_timeout` - a rendezvous that
+can never complete is also ended by torchrun's own join timeout, which fails fast.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ class Hang:
 
     def describe(self) -> str:
         who = f"{self.node}:r{self.rank}" if self.rank is not None else self.node
+        if self.source == "start":
+            return f"no rank started within {self.idle_s:.0f} s; suspected {who} (the master)"
         return (
             f"no progress for {self.idle_s:.0f} s (no heartbeat and no output from any rank); "
             f"suspected {who}: its last {self.source} was {self.last_seen_s:.0f} s ago"
@@ -28,8 +34,9 @@ class Hang:
 
 
 class Watchdog:
-    def __init__(self, timeout: float, start: float, nodes: list[str]) -> None:
+    def __init__(self, timeout: float, start: float, nodes: list[str], startup_timeout: float = 900.0) -> None:
         self.timeout = timeout
+        self.startup_timeout = max(startup_timeout, timeout)
         self.start = start
         self.nodes = nodes
         # (node, rank) -> (time, source); rank None = a node's unprefixed output
@@ -55,9 +62,9 @@ class Watchdog:
     def check(self, now: float) -> Hang | None:
         latest = max((t for t, _ in self.life.values()), default=self.start)
         latest = max(latest, self.start)
-        if now - latest < self.timeout:
-            return None
         ranked = {k: v for k, v in self.life.items() if k[1] is not None}
+        if now - latest < (self.timeout if ranked else self.startup_timeout):
+            return None
         pool = ranked or self.life
         if not pool:
             return Hang(now - latest, self.nodes[0], None, now - self.start, "start")

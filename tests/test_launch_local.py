@@ -1,0 +1,72 @@
+"""`dtrain run` end to end with local nodes (real torchrun, real processes, no SSH).
+
+The multi-host versions of these checks, over SSH between namespace hosts, are in
+test_launch_netns.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+from launch_helpers import SCRIPTS, dtrain, free_port, job_id_of, job_processes, wait_gone
+
+TICKER = str(SCRIPTS / "ticker.py")
+
+
+def test_fail_fast_two_local_nodes(dtrain_home):
+    res = dtrain("run", "--no-preflight", "--hosts", "local,local", "--port", str(free_port()), "--",
+                 "python", TICKER, "--ticks", "400", "--fail-rank", "1", "--fail-at", "3")
+    assert res.returncode == 5, res.stdout + res.stderr
+    assert "first failure: node local1 rank 1 exited with code 7" in res.stderr
+    assert "rank 1 failing on purpose" in res.stderr  # its last lines, in the summary
+    assert "Traceback" not in res.stderr.split("dtrain: error:")[0][-200:]
+    job_id = job_id_of(res.stdout)
+    assert "[local0:r0] rank 0 tick 0" in res.stdout
+    logs = dtrain_home / "jobs" / job_id / "logs"
+    assert "[local1:r1] rank 1 failing on purpose" in (logs / "local1.log").read_text()
+    status = json.loads(dtrain("status", job_id, "--json").stdout)
+    assert status["state"] == "failed" and status["exit_code"] and status["world_size"] == 2
+    assert job_processes(job_id) == []
+
+
+def test_hang_watchdog_names_the_silent_rank(dtrain_home):
+    res = dtrain("run", "--no-preflight", "--nproc-per-node", "2", "--port", str(free_port()),
+                 "--hang-timeout", "4", "--", "python", TICKER, "--ticks", "1000", "--every", "0.4",
+                 "--stall-rank", "1", "--stall-at", "2", "--quiet-ranks", "1", "--heartbeat")
+    assert res.returncode == 5, res.stdout + res.stderr
+    assert "no progress for" in res.stderr and "suspected local:r1" in res.stderr, res.stderr
+    assert wait_gone(job_id_of(res.stdout)) == []
+
+
+def test_detach_logs_stop_and_dead_supervisor(dtrain_home):
+    ids = []
+    for _ in range(2):
+        res = dtrain("run", "--no-preflight", "--detach", "--name", "bg", "--port", str(free_port()), "--",
+                     "python", TICKER, "--ticks", "100000", "--every", "0.2")
+        assert res.returncode == 0, res.stderr
+        ids.append(job_id_of(res.stdout))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not all("tick 1" in dtrain("logs", j).stdout for j in ids):
+        time.sleep(0.5)
+    stopped, killed = ids
+    listed = json.loads(dtrain("jobs", "--json").stdout)
+    assert [j["id"] for j in listed] == [killed, stopped]  # newest first
+    assert {j["state"] for j in listed} == {"running"}
+
+    # dtrain stop: the supervisor stops every node, the job ends "stopped".
+    res = dtrain("stop", stopped)
+    assert res.returncode == 0 and f"job {stopped} stopped" in res.stdout, res.stderr
+    follow = dtrain("logs", stopped, "-f", timeout=60)  # returns: the job has ended
+    assert "[local:r0] rank 0 tick 1" in follow.stdout and "stopped" in follow.stdout.splitlines()[-1]
+    assert "[local:r0]" in dtrain("logs", stopped, "--node", "local").stdout
+    assert wait_gone(stopped) == []
+
+    # A supervisor that dies: its nodes stop (their stdin closed) and the job reads failed.
+    pid = json.loads(dtrain("status", killed, "--json").stdout)["supervisor_pid"]
+    os.kill(pid, signal.SIGKILL)
+    assert wait_gone(killed) == []
+    status = json.loads(dtrain("status", killed, "--json").stdout)
+    assert status["state"] == "failed" and status["reason"] == "supervisor died"
