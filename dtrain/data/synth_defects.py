@@ -8,20 +8,31 @@ lines are exact distances to a polyline, a few dozen segments each.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
+from scipy.special import expit
 
 from dtrain.data.synth_surface import Canvas, Rng, fractal
 
 
-def polyline_distance(c: Canvas, pts: np.ndarray) -> np.ndarray:
-    d2 = np.full((c.n, c.n), np.inf, np.float32)
+def polyline_distance(c: Canvas, pts: np.ndarray, reach: float) -> np.ndarray:
+    """Distance of every pixel to the polyline `pts`, computed only within `reach` of
+    its bounding box (inf elsewhere): lines are thin, the picture is not."""
+    d = np.full((c.n, c.n), np.inf, np.float32)
+    x0, y0 = np.floor(pts.min(axis=0) - reach).astype(int).clip(0, c.n)
+    x1, y1 = np.ceil(pts.max(axis=0) + reach + 1).astype(int).clip(0, c.n)
+    if x0 >= x1 or y0 >= y1:
+        return d
+    xx, yy = c.xx[y0:y1, x0:x1], c.yy[y0:y1, x0:x1]
+    d2 = np.full(xx.shape, np.inf, np.float32)
     for (ax, ay), (bx, by) in zip(pts[:-1], pts[1:]):
         dx, dy = bx - ax, by - ay
-        t = np.clip(((c.xx - ax) * dx + (c.yy - ay) * dy) / (dx * dx + dy * dy + 1e-9), 0, 1)
-        np.minimum(d2, (c.xx - ax - t * dx) ** 2 + (c.yy - ay - t * dy) ** 2, out=d2)
-    return np.sqrt(d2)
+        t = np.clip(((xx - ax) * dx + (yy - ay) * dy) / (dx * dx + dy * dy + 1e-9), 0, 1)
+        np.minimum(d2, (xx - ax - t * dx) ** 2 + (yy - ay - t * dy) ** 2, out=d2)
+    d[y0:y1, x0:x1] = np.sqrt(d2)
+    return d
 
 
 def _walk(
@@ -43,9 +54,9 @@ def scratch(rng: Rng, c: Canvas, v: float) -> None:
     length = c.n * rng.uniform(0.25, 0.75) * (0.55 + 0.45 * v)
     pts = _walk(rng, _inside(rng, c.n, 0.2), rng.uniform(0, 2 * np.pi), length, 24, rng.normal(0, 0.02), 0.01)
     width = c.n * rng.uniform(0.008, 0.015) * (0.7 + 0.4 * v)
-    line = np.exp(-((polyline_distance(c, pts) / width) ** 2))
-    # A scratch is a groove whose walls catch the light: mostly bright, sometimes dark.
-    sign = 1.0 if rng.random() < 0.7 else -0.7
+    line = np.exp(-((polyline_distance(c, pts, 4 * width) / width) ** 2))
+    # A scratch is a groove whose walls catch the light: mostly bright, rarely dark.
+    sign = 1.0 if rng.random() < 0.85 else -0.7
     c.albedo *= 1 + sign * v * rng.uniform(0.4, 0.7) * line
     c.height -= v * width * 1.5 * line
 
@@ -57,11 +68,11 @@ def crack(rng: Rng, c: Canvas, v: float) -> None:
     paths = [_walk(rng, start, heading, length, 30, 0.0, 0.08, 0.6)]
     if rng.random() < 0.5:  # a side branch, splitting off at a sharp angle
         k = int(rng.integers(8, 22))
-        fork = heading + rng.choice([-1.0, 1.0]) * rng.uniform(0.4, 1.2)
+        fork = heading + float(rng.choice([-1.0, 1.0])) * rng.uniform(0.4, 1.2)
         paths.append(_walk(rng, paths[0][k], fork, length * 0.45, 14, 0.0, 0.08, 0.6))
     width = c.n * rng.uniform(0.006, 0.01) * (0.7 + 0.4 * v)
     for pts in paths:
-        line = np.exp(-((polyline_distance(c, pts) / width) ** 2))
+        line = np.exp(-((polyline_distance(c, pts, 4 * width) / width) ** 2))
         c.albedo *= 1 - min(0.9, v * rng.uniform(0.6, 0.95)) * line
         c.height -= v * width * line
 
@@ -71,8 +82,9 @@ def dent(rng: Rng, c: Canvas, v: float) -> None:
     r = c.n * rng.uniform(0.06, 0.13) * (0.6 + 0.4 * v)
     angle, aspect = rng.uniform(0, np.pi), rng.uniform(0.7, 1.3)
     du, dv = c.xx - cx, c.yy - cy
-    a = (du * np.cos(angle) + dv * np.sin(angle)) / (r * aspect)
-    b = (-du * np.sin(angle) + dv * np.cos(angle)) / r
+    cos, sin = math.cos(angle), math.sin(angle)
+    a = (du * cos + dv * sin) / (r * aspect)
+    b = (-du * sin + dv * cos) / r
     bump = np.exp(-0.5 * (a * a + b * b))
     # Shading goes with slope ~ depth / r: depth scales with r to keep it visible.
     c.height -= v * r * rng.uniform(3.5, 5.5) * bump
@@ -83,10 +95,10 @@ def pit(rng: Rng, c: Canvas, v: float) -> None:
     centre = _inside(rng, c.n, 0.15)
     count = int(rng.integers(1, 5))
     for _ in range(count):
-        x, y = centre + rng.normal(0, c.n * 0.05, 2)
+        x, y = (float(t) for t in centre + rng.normal(0, c.n * 0.05, 2))
         r = c.n * rng.uniform(0.012, 0.028) * (0.6 + 0.4 * v)
         d = np.hypot(c.xx - x, c.yy - y)
-        core = 1 / (1 + np.exp((d - r) / (0.25 * r + 0.3)))
+        core = expit((r - d) / (0.25 * r + 0.3))
         c.albedo *= 1 - v * rng.uniform(0.5, 0.8) * core
         c.height -= v * r * 1.5 * core
 
@@ -96,7 +108,7 @@ def stain(rng: Rng, c: Canvas, v: float) -> None:
     radius = c.n * rng.uniform(0.1, 0.24) * (0.6 + 0.4 * v)
     d = np.hypot(c.xx - cx, c.yy - cy) / radius
     field = 1 - d + 0.35 * fractal(rng, c.n, 3.2)
-    mask = 1 / (1 + np.exp(np.clip(-field / 0.08, -30, 30)))
+    mask = expit(field / 0.08)
     kind = int(rng.integers(3))
     if kind == 0:  # rust: warm, darker
         tint = np.array([1.0, 0.78, 0.55], np.float32)

@@ -13,10 +13,12 @@ streaks (all energy perpendicular to the brush direction), cast blotches and gra
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.fft
 from scipy.ndimage import gaussian_filter
 
 Rng = np.random.Generator
@@ -37,7 +39,7 @@ def spectral_noise(rng: Rng, n: int, amplitude: Callable[[np.ndarray, np.ndarray
     white = rng.standard_normal((n, n), dtype=np.float32)
     fy = np.fft.fftfreq(n).astype(np.float32)[:, None]
     fx = np.fft.rfftfreq(n).astype(np.float32)[None, :]
-    out = np.fft.irfft2(np.fft.rfft2(white) * amplitude(fx, fy), s=(n, n)).astype(np.float32)
+    out = scipy.fft.irfft2(scipy.fft.rfft2(white) * amplitude(fx, fy), s=(n, n)).astype(np.float32, copy=False)
     out -= out.mean()
     out /= out.std() + 1e-8
     return out
@@ -51,7 +53,7 @@ def fractal(rng: Rng, n: int, beta: float) -> np.ndarray:
 
 def brushed(rng: Rng, c: Canvas) -> None:
     theta = rng.uniform(0, np.pi)
-    cos, sin = np.cos(theta), np.sin(theta)
+    cos, sin = math.cos(theta), math.sin(theta)
     sharp = rng.uniform(0.002, 0.006)
 
     def streaks(fx: np.ndarray, fy: np.ndarray) -> np.ndarray:
@@ -75,7 +77,7 @@ def machined(rng: Rng, c: Canvas) -> None:
     # A turned face: the spindle axis lies outside the picture, so grooves are arcs.
     angle = rng.uniform(0, 2 * np.pi)
     dist = c.n * rng.uniform(0.7, 2.5)
-    cx, cy = c.n / 2 + dist * np.cos(angle), c.n / 2 + dist * np.sin(angle)
+    cx, cy = c.n / 2 + dist * math.cos(angle), c.n / 2 + dist * math.sin(angle)
     r = np.hypot(c.xx - cx, c.yy - cy)
     period = c.n * rng.uniform(0.03, 0.07)
     wobble = 0.6 * fractal(rng, c.n, 3.0)
@@ -138,16 +140,20 @@ class Look:
 def render(rng: Rng, c: Canvas, look: Look, factor: int) -> np.ndarray:
     """Canvas -> uint8 [n/factor, n/factor, 3]."""
     gy, gx = np.gradient(c.height)
-    shading = look.shade * (gx * np.cos(look.light_angle) + gy * np.sin(look.light_angle))
+    shading = look.shade * (gx * math.cos(look.light_angle) + gy * math.sin(look.light_angle))
     u, v = c.xx / c.n - 0.5, c.yy / c.n - 0.5
-    ramp = u * np.cos(look.gradient_angle) + v * np.sin(look.gradient_angle)
+    ramp = u * math.cos(look.gradient_angle) + v * math.sin(look.gradient_angle)
     hx, hy = look.hotspot_xy
     spot = np.exp(-((u + 0.5 - hx) ** 2 + (v + 0.5 - hy) ** 2) / 0.08)
     illum = 1 + look.gradient * ramp + look.hotspot * spot
     lum = look.base * c.albedo * illum + shading
     rgb = lum[..., None] * c.color * np.asarray(look.tint, np.float32)
-    rgb = gaussian_filter(rgb, sigma=(look.blur * factor, look.blur * factor, 0), mode="reflect")
     m = c.n // factor
-    rgb = rgb.reshape(m, factor, m, factor, 3).mean(axis=(1, 3))
-    rgb += rng.normal(0, look.noise, rgb.shape).astype(np.float32)
+    if factor == 2:  # 2x2 box average; much faster than reshape(...).mean()
+        rgb = 0.25 * (rgb[0::2, 0::2] + rgb[1::2, 0::2] + rgb[0::2, 1::2] + rgb[1::2, 1::2])
+    elif factor > 2:
+        rgb = rgb.reshape(m, factor, m, factor, 3).mean(axis=(1, 3))
+    # Optics blur after the box average: on 1/factor^2 of the pixels, same look.
+    rgb = gaussian_filter(rgb, sigma=(look.blur, look.blur, 0), mode="reflect")
+    rgb += look.noise * rng.standard_normal(rgb.shape, dtype=np.float32)
     return np.clip(np.rint(rgb * 255), 0, 255).astype(np.uint8)
