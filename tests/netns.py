@@ -186,6 +186,10 @@ def _clean_stale() -> None:
         m = _STALE.match(name)
         if m and not _pid_alive(int(m.group(1))):
             _ip("link", "del", name, check=False)
+    for tmp in Path(tempfile.gettempdir()).glob("dtrain-netns-*-*"):
+        pid = tmp.name.split("-")[2]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _pick_subnet() -> str:

@@ -51,3 +51,30 @@ def test_processes_lists_what_runs_in_a_host_but_not_its_sshd(netns_cluster):
         proc.kill()
         proc.wait()
     assert not any("sleep 30" in cmd for _, cmd in netns_cluster.processes(h))
+
+
+def test_leftovers_of_a_killed_session_are_removed_by_the_next(netns_cluster):
+    import subprocess
+    from pathlib import Path
+
+    from tests import netns
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that no longer runs, as after SIGKILL of a test session
+    ns, veth, tmp = f"dt{dead.pid}h1", f"dt{dead.pid}v1", Path(f"/tmp/dtrain-netns-{dead.pid}-x")
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    subprocess.run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns], check=True)
+    tmp.mkdir()
+    (netns.NETNS_ETC / ns).mkdir(parents=True)
+    orphan = subprocess.Popen(["ip", "netns", "exec", ns, "sleep", "302"])
+    try:
+        netns._clean_stale()
+        assert orphan.wait(timeout=10) != 0  # killed, not finished
+        assert ns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert subprocess.run(["ip", "link", "show", veth], capture_output=True).returncode != 0
+        assert not tmp.exists() and not (netns.NETNS_ETC / ns).exists()
+    finally:
+        orphan.kill()
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    # the live session's hosts are untouched
+    assert all(netns_cluster.ssh(h.name, "true").returncode == 0 for h in netns_cluster.hosts)
