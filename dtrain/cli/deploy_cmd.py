@@ -1,9 +1,119 @@
-"""Commands of this module are registered on the root app by `register`."""
+"""`dtrain export`, `dtrain inspect`, `dtrain serve`: the model leaves the cluster.
+
+Only typer and the standard library at module level; everything heavy is imported in
+the command bodies so that `dtrain --help` stays fast.
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import typer
 
 
+def export(
+    checkpoint: Path = typer.Argument(..., help="A dtrain checkpoint (OUTPUT/checkpoints/last.pt)."),
+    out: Path = typer.Option(..., "--out", "-o", help="The model directory to write (replaced if it holds a model)."),
+    format: str = typer.Option("all", "--format", help="Networks to write: onnx, torch (a torch.export program), or all."),
+    quantize: str = typer.Option("none", "--quantize", help="none, int8 (ONNX Runtime static) or bf16 (torch autocast)."),
+    data: str | None = typer.Option(None, "--data", help="Data root whose val split verifies the export (default: the training run's)."),
+    calibration: str | None = typer.Option(None, "--calibration", help="Images (dir or glob) to calibrate int8 on (default: the train split)."),
+    target_miss_rate: float = typer.Option(0.005, "--target-miss-rate", help="The threshold keeps the val miss rate at or under this."),
+    backends: str | None = typer.Option(None, "--backends", help="Comma-separated backends to verify and time (default: all that apply)."),
+) -> None:
+    """Export a checkpoint to a verified, self-contained model directory."""
+    from rich.console import Console
+
+    from dtrain.configio import validate
+    from dtrain.serve.export import ExportOptions
+    from dtrain.serve.export import export as run_export
+
+    opts = validate(ExportOptions, {
+        "checkpoint": str(checkpoint), "out": str(out), "format": format, "quantize": quantize, "data": data,
+        "calibration": calibration, "target_miss_rate": target_miss_rate,
+        "backends": [b.strip() for b in backends.split(",") if b.strip()] if backends else None,
+    }, "the command line")
+    console = Console(stderr=True)
+    with console.status("exporting") as status:
+        card = run_export(opts, step=lambda msg: status.update(msg))
+    _print_card(console, card, out)
+
+
+def _print_card(console, card, out: Path) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"{out}: threshold {card.threshold:.4f} for a target miss rate of {card.target_miss_rate:.2%}")
+    for col in ("backend", f"images/s @ {card.throughput_batch}", "verdict agreement", "max |dP|", "val miss rate"):
+        table.add_column(col)
+    for name, ips in sorted(card.throughput_images_per_s.items(), key=lambda kv: -kv[1]):
+        v = card.verification[name]
+        mark = " (preferred)" if name == card.preferred_backend else ""
+        table.add_row(name + mark, f"{ips:.1f}", f"{v.verdict_agreement:.2%}", f"{v.max_abs_p_defect_diff:.2e}", f"{v.miss_rate:.2%}")
+    console.print(table)
+
+
+def inspect(
+    model_dir: Path = typer.Argument(..., help="A model directory from `dtrain export`."),
+    inputs: list[str] = typer.Argument(..., help="Image files, directories (searched recursively) or quoted globs."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="results.csv or results.jsonl (format by extension)."),
+    batch: int = typer.Option(32, "--batch", min=1, help="Images per inference batch."),
+    workers: int = typer.Option(4, "--workers", min=1, help="Decoding threads."),
+    backend: str | None = typer.Option(None, "--backend", help="Override the model directory's preferred backend."),
+) -> None:
+    """Inspect images offline: a verdict per image, to CSV/JSONL, and a summary."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from dtrain.serve.inspect_batch import check_output, collect_inputs, run_inspection
+    from dtrain.serve.predictor import Predictor
+
+    if out is not None:
+        check_output(out)
+    paths = collect_inputs(inputs)
+    predictor = Predictor(model_dir, backend)
+    console = Console(stderr=True)
+    columns = (TextColumn("inspecting"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("inspect", total=len(paths))
+        summary = run_inspection(predictor, paths, out, batch=batch, workers=workers,
+                                 progress=lambda n: bar.advance(task, n))
+    console.print(
+        f"{summary.images} images: [green]{summary.ok} ok[/], [red]{summary.defect} defect[/], "
+        f"[yellow]{summary.errors} unreadable[/] in {summary.seconds:.1f} s "
+        f"({summary.images_per_s:.0f} images/s, backend {predictor.backend})"
+        + (f" -> {out}" if out else "")
+    )
+    for path in summary.error_paths[:10]:
+        console.print(f"  unreadable: {path}")
+
+
+def serve(
+    model_dir: Path = typer.Argument(..., help="A model directory from `dtrain export`."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 for every interface)."),
+    port: int = typer.Option(8000, "--port", min=0, max=65535),
+    max_batch: int = typer.Option(32, "--max-batch", min=1, help="Largest micro-batch."),
+    max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", min=0.0, help="How long an image may wait for batch mates."),
+    max_body_mb: float = typer.Option(64.0, "--max-body-mb", min=0.001, help="Largest request body."),
+    max_megapixels: float = typer.Option(40.0, "--max-megapixels", min=0.001, help="Largest image, checked before decoding."),
+    backend: str | None = typer.Option(None, "--backend", help="Override the model directory's preferred backend."),
+) -> None:
+    """Serve the model over HTTP: POST /inspect, /healthz, /metrics, /docs."""
+    import uvicorn
+
+    from dtrain.configio import validate
+    from dtrain.serve.app import ServeLimits, create_app
+    from dtrain.serve.predictor import Predictor
+
+    limits = validate(ServeLimits, {
+        "max_batch": max_batch, "max_wait_ms": max_wait_ms, "max_body_bytes": int(max_body_mb * 1024 * 1024),
+        "max_pixels": int(max_megapixels * 1_000_000),
+    }, "the command line")
+    predictor = Predictor(model_dir, backend)
+    typer.echo(f"serving {model_dir} on http://{host}:{port} (backend {predictor.backend}; docs at /docs)", err=True)
+    uvicorn.run(create_app(predictor, limits), host=host, port=port, log_level="warning")
+
+
 def register(app: typer.Typer) -> None:
-    pass
+    app.command(name="export")(export)
+    app.command(name="inspect")(inspect)
+    app.command(name="serve")(serve)

@@ -1,0 +1,161 @@
+"""The HTTP inspection service (FastAPI): POST /inspect, /healthz, /metrics, /docs.
+
+Untrusted input is checked in order of cost: the request body size (before it is
+read), each image's pixel count from its header (before it is decoded), then the
+decode itself; a refusal is a 413 or a 422 with a message, and the service goes on.
+Decoding runs in worker threads; inference in the micro-batcher's single thread.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, File, HTTPException, Request, UploadFile
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field
+
+from dtrain import __version__
+from dtrain.configio import StrictModel
+from dtrain.serve.batching import MicroBatcher
+from dtrain.serve.images import DEFAULT_MAX_PIXELS, ImageRejected, prepare_bytes
+
+
+class ServeLimits(StrictModel):
+    max_batch: int = Field(32, ge=1)
+    max_wait_ms: float = Field(5.0, ge=0.0)
+    max_body_bytes: int = Field(64 * 1024 * 1024, ge=1)
+    max_pixels: int = Field(DEFAULT_MAX_PIXELS, ge=1)
+    max_images_per_request: int = Field(256, ge=1)
+
+
+class ImageVerdict(BaseModel):
+    filename: str
+    verdict: str = Field(description='"ok" or "defect"')
+    class_: str = Field(alias="class", description="the negative class for ok, else the most likely defect class")
+    p_defect: float = Field(description="1 - P(negative class)")
+
+
+class InspectResponse(BaseModel):
+    results: list[ImageVerdict]
+    threshold: float
+    backend: str
+
+
+class ErrorBody(BaseModel):
+    detail: str
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for a body over `max_bytes`, by Content-Length up front or
+    by counting as it streams in (chunked uploads have no length)."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        message = f"request body over the limit of {self.max_bytes} bytes"
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            return await JSONResponse({"detail": message}, status_code=413)(scope, receive, send)
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.max_bytes:
+                    # FastAPI re-raises HTTPExceptions from body parsing as they are.
+                    raise HTTPException(413, message)
+            return msg
+
+        return await self.app(scope, counted, send)
+
+
+def create_app(predictor, limits: ServeLimits | None = None) -> FastAPI:
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+    limits = limits or ServeLimits()
+    registry = CollectorRegistry()  # per app: several services (tests) in one process
+    requests = Counter("dtrain_serve_requests", "HTTP requests by path and status code", ["path", "status"], registry=registry)
+    latency = Histogram(
+        "dtrain_serve_request_latency_seconds", "Request latency by path", ["path"], registry=registry,
+        buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+    )
+    batch_sizes = Histogram("dtrain_serve_batch_size", "Images per inference batch", registry=registry,
+                            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+    verdicts = Counter("dtrain_serve_images", "Images judged, by verdict", ["verdict"], registry=registry)
+    batcher: MicroBatcher = MicroBatcher(
+        predictor.predict, max_batch=limits.max_batch, max_wait_s=limits.max_wait_ms / 1000.0, on_batch=batch_sizes.observe
+    )
+    card = predictor.card
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        await batcher.start()
+        yield
+        await batcher.stop()
+
+    app = FastAPI(
+        title="dtrain inspection service",
+        version=__version__,
+        description=f"Surface-defect verdicts from the {card.arch} model ({', '.join(card.classes)}); "
+        f"a part is a defect when P(defect) >= {card.threshold:.4f}.",
+        lifespan=lifespan,
+    )
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+
+    @app.middleware("http")
+    async def measure(request: Request, call_next):
+        start = time.perf_counter()
+        response = await call_next(request)
+        path = request.url.path if request.url.path in ("/inspect", "/healthz", "/metrics") else "other"
+        requests.labels(path, str(response.status_code)).inc()
+        latency.labels(path).observe(time.perf_counter() - start)
+        return response
+
+    refusals = {413: {"model": ErrorBody, "description": "body or image too large"},
+                422: {"model": ErrorBody, "description": "not a readable image"}}
+
+    @app.post("/inspect", response_model=InspectResponse, response_model_by_alias=True, responses=refusals)
+    async def inspect(files: list[UploadFile] = File(..., description="one or several image files")) -> InspectResponse:
+        """Judge each uploaded image: verdict, class and P(defect)."""
+        if len(files) > limits.max_images_per_request:
+            raise HTTPException(413, f"{len(files)} images in one request, above the limit of {limits.max_images_per_request}")
+        blobs = [(f.filename or f"image{i}", await f.read()) for i, f in enumerate(files)]
+        images = await run_in_threadpool(_prepare_all, blobs, predictor.image_size, limits.max_pixels)
+        results = await batcher.submit_many(images)
+        for r in results:
+            verdicts.labels(r.verdict).inc()
+        return InspectResponse(
+            results=[ImageVerdict(filename=name, verdict=r.verdict, **{"class": r.cls}, p_defect=r.p_defect)
+                     for (name, _), r in zip(blobs, results, strict=True)],
+            threshold=card.threshold,
+            backend=predictor.backend,
+        )
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, object]:
+        return {"status": "ok", "backend": predictor.backend, "classes": card.classes, "threshold": card.threshold}
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _prepare_all(blobs: list[tuple[str, bytes]], size: int, max_pixels: int):
+    out = []
+    for name, data in blobs:
+        try:
+            out.append(prepare_bytes(data, size, max_pixels))
+        except ImageRejected as exc:
+            raise HTTPException(exc.status, f"{name}: {exc.message}") from None
+    return out

@@ -1,0 +1,163 @@
+"""Inference backends, registered by name: each turns a network file of a model directory
+into a callable `uint8 [B, 3, S, S] -> float32 logits [B, C]`.
+
+Normalisation lives inside every exported network (see export.py), so a backend only
+moves bytes in and logits out; P(defect) and verdicts are computed once, in
+predictor.py, the same way for all of them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import shutil
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from dtrain.errors import DtrainError
+
+Runner = Callable[[np.ndarray], np.ndarray]
+
+# Network files a model directory may hold (export.py writes them).
+ONNX_FP32 = "model.onnx"
+ONNX_INT8 = "model.int8.onnx"
+TORCH_PROGRAM = "model.pt2"
+
+
+class Backend(ABC):
+    name: str
+    network: str  # the file in the model directory this backend runs
+    summary: str
+
+    def unavailable_reason(self) -> str | None:
+        """Why this backend cannot run on this machine, or None when it can."""
+        return None
+
+    @abstractmethod
+    def load(self, path: Path) -> Runner: ...
+
+
+BACKENDS: dict[str, Backend] = {}
+
+
+def register(cls: type[Backend]) -> type[Backend]:
+    BACKENDS[cls.name] = cls()
+    return cls
+
+
+def get_backend(name: str) -> Backend:
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        close = difflib.get_close_matches(name, list(BACKENDS), n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        raise DtrainError(f"unknown backend {name!r}", f"{hint}valid backends: {', '.join(BACKENDS)}") from None
+
+
+class _OnnxRuntime(Backend):
+    def load(self, path: Path) -> Runner:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # Idle intra-op threads would otherwise spin between batches, taking the CPU
+        # from the decoding threads that feed the next batch.
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        session = ort.InferenceSession(str(path), sess_options=opts, providers=_ort_providers())
+        input_name = session.get_inputs()[0].name
+
+        def run(images: np.ndarray) -> np.ndarray:
+            return session.run(None, {input_name: images})[0]
+
+        return run
+
+
+def _ort_providers() -> list[str]:
+    import onnxruntime as ort
+
+    # CUDA where this onnxruntime build and the machine have it; the CPU provider always.
+    preferred = ("CUDAExecutionProvider", "CPUExecutionProvider")
+    available = set(ort.get_available_providers())
+    return [p for p in preferred if p in available]
+
+
+@register
+class OrtFp32(_OnnxRuntime):
+    name = "ort-fp32"
+    network = ONNX_FP32
+    summary = "ONNX Runtime, fp32 graph with fused conv+BN"
+
+
+@register
+class OrtInt8(_OnnxRuntime):
+    name = "ort-int8"
+    network = ONNX_INT8
+    summary = "ONNX Runtime, int8 QDQ graph (static, per-channel, calibrated)"
+
+
+class _Torch(Backend):
+    network = TORCH_PROGRAM
+
+    def _module(self, path: Path):
+        import torch
+
+        return torch.export.load(str(path)).module()
+
+    def _wrap(self, module, *, bf16: bool = False) -> Runner:
+        import torch
+
+        def run(images: np.ndarray) -> np.ndarray:
+            x = torch.from_numpy(images)
+            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                return module(x).float().numpy()
+
+        return run
+
+
+@register
+class TorchEager(_Torch):
+    name = "torch-eager"
+    summary = "PyTorch eager (the exported program run op by op), fp32"
+
+    def load(self, path: Path) -> Runner:
+        return self._wrap(self._module(path))
+
+
+@register
+class TorchCompile(_Torch):
+    name = "torch-compile"
+    summary = "torch.compile (Inductor), fp32; compiles on the first batch"
+
+    def unavailable_reason(self) -> str | None:
+        # Inductor's CPU backend generates C++ and needs a compiler at run time.
+        return None if shutil.which("cc") or shutil.which("gcc") else "no C compiler (Inductor needs one)"
+
+    def load(self, path: Path) -> Runner:
+        import torch
+
+        return self._wrap(torch.compile(self._module(path), dynamic=True))
+
+
+@register
+class TorchBf16(_Torch):
+    name = "torch-bf16"
+    summary = "PyTorch eager under bf16 autocast (fast only with AMX / AVX512-BF16 or a GPU)"
+
+    def load(self, path: Path) -> Runner:
+        return self._wrap(self._module(path), bf16=True)
+
+
+def measure(run: Runner, images: np.ndarray, *, min_seconds: float = 1.0, clock=time.perf_counter) -> float:
+    """Images per second of `run` on `images` (one batch): one warm-up call (compilation,
+    allocator), then repeated calls for at least `min_seconds` and at least 3 calls."""
+    run(images)
+    calls, start = 0, clock()
+    while True:
+        run(images)
+        calls += 1
+        elapsed = clock() - start
+        if calls >= 3 and elapsed >= min_seconds:
+            return calls * len(images) / elapsed

@@ -1,0 +1,127 @@
+"""The model directory: network files plus `model.json`, everything a plant needs to run
+the inspection model, and nothing it has to guess.
+
+`model.json` holds the preprocessing (size, colour order, normalisation, which the
+networks already apply), the classes and the negative class, the decision threshold
+with the target miss rate it was chosen for and how the export verified it, the
+measured throughput of each backend and the preferred one, and the sha256 of every
+other file. A directory is published by renaming a complete temporary sibling, so a
+reader sees either the whole model or none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from pydantic import Field, ValidationError
+
+from dtrain.configio import StrictModel
+from dtrain.errors import DtrainError
+
+CARD = "model.json"
+FORMAT_VERSION = 1
+
+
+class Preprocessing(StrictModel):
+    image_size: int
+    colour: str = "RGB"
+    # The networks take uint8 [B, 3, S, S] and normalise inside; mean/std (0..1 units)
+    # are recorded for anyone who feeds the weights some other way.
+    input: str = "uint8 [B, 3, S, S], RGB, 0..255, squashed (not cropped) to S x S, antialiased"
+    mean: list[float]
+    std: list[float]
+
+
+class Verification(StrictModel):
+    """How one exported network compares with the checkpoint on the validation split."""
+
+    split: str
+    n_images: int
+    n_defective: int
+    verdict_agreement: float
+    max_abs_p_defect_diff: float
+    miss_rate: float
+    false_alarm_rate: float
+
+
+class ModelCard(StrictModel):
+    format_version: int = FORMAT_VERSION
+    dtrain_version: str
+    arch: str
+    checkpoint: str
+    preprocessing: Preprocessing
+    classes: list[str]
+    negative_class: str
+    threshold: float = Field(ge=0.0, le=1.0)
+    target_miss_rate: float
+    reference_val_miss_rate: float
+    # backend name -> network file it runs; only backends whose file is here.
+    backends: dict[str, str]
+    preferred_backend: str
+    throughput_images_per_s: dict[str, float]
+    throughput_batch: int
+    verification: dict[str, Verification]  # keyed by network file
+    files: dict[str, str] = {}  # file name -> sha256, every file except model.json
+
+    @property
+    def negative_index(self) -> int:
+        return self.classes.index(self.negative_class)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_card(folder: Path, card: ModelCard) -> None:
+    """Fill in the checksums of the files in `folder` and write model.json."""
+    files = {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != CARD}
+    card = card.model_copy(update={"files": files})
+    (folder / CARD).write_text(card.model_dump_json(indent=2) + "\n")
+
+
+def staging_dir(out: Path) -> Path:
+    """A fresh temporary directory next to `out` (same filesystem, so the rename is atomic)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+
+
+def publish(staged: Path, out: Path) -> None:
+    """Move a complete `staged` directory to `out`, replacing an older model there."""
+    if out.exists():
+        if not (out / CARD).is_file():
+            raise DtrainError(f"{out} exists and is not a model directory", "choose another --out, or remove it")
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        os.replace(out, old / "model")
+        os.replace(staged, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(staged, out)
+
+
+def load_card(folder: str | Path, *, verify: bool = True) -> ModelCard:
+    """Read model.json; with `verify`, refuse a directory whose files do not match it."""
+    folder = Path(folder)
+    path = folder / CARD
+    if not path.is_file():
+        raise DtrainError(f"{folder} is not a model directory (no {CARD})", "create one with `dtrain export CHECKPOINT --out DIR`")
+    try:
+        card = ModelCard.model_validate_json(path.read_text())
+    except ValidationError as exc:
+        raise DtrainError(f"{path} is damaged or from another version: {exc.errors()[0]['msg']}", "export the model again") from None
+    if verify:
+        for name, want in card.files.items():
+            file = folder / name
+            if not file.is_file():
+                raise DtrainError(f"{file} is missing", "copy the whole model directory, or export again")
+            if sha256_file(file) != want:
+                raise DtrainError(f"{file} does not match its checksum in {CARD}: the file was changed or damaged",
+                                  "copy the model directory again from the export, or export again")
+    return card

@@ -1,0 +1,62 @@
+"""int8 by ONNX Runtime static quantization: QDQ format, per-channel weights, activation
+ranges calibrated on training images.
+
+Activations are uint8 and weights int8 (ORT's "U8S8"), the fast pair on x86. Without
+VNNI (AVX2 only, as on the development machines) ORT multiplies u8 x s8 pairs with
+VPMADDUBSW, whose 16-bit sums can saturate; `reduce_range` keeps weights to 7 bits so
+they cannot, at no measurable cost in accuracy on our models (BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from dtrain.errors import DtrainError
+
+CALIBRATION_BATCH = 16
+
+
+def _reader(images: np.ndarray, input_name: str):
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self._batches: Iterator[np.ndarray] = iter(
+                images[i : i + CALIBRATION_BATCH] for i in range(0, len(images), CALIBRATION_BATCH)
+            )
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            batch = next(self._batches, None)
+            return None if batch is None else {input_name: batch}
+
+    return Reader()
+
+
+def quantize_int8(fp32_path: Path, out_path: Path, calibration: np.ndarray) -> None:
+    """Write the int8 QDQ version of the fp32 ONNX network at `fp32_path` to `out_path`,
+    calibrated on `calibration` (uint8 [N, 3, S, S], the network's own input)."""
+    import onnx
+    from onnxruntime.quantization import QuantFormat, QuantType, quant_pre_process, quantize_static
+
+    if len(calibration) == 0:
+        raise DtrainError("no calibration images for the int8 export", "pass --calibration DIR with training images")
+    input_name = onnx.load(str(fp32_path), load_external_data=False).graph.input[0].name
+    with tempfile.TemporaryDirectory(prefix="dtrain-quant-") as tmp:
+        # Shape inference + graph optimisation (conv+BN folding) first, as ORT advises:
+        # ranges are then calibrated on the tensors that really get quantised.
+        prepared = Path(tmp) / "prepared.onnx"
+        quant_pre_process(str(fp32_path), str(prepared))
+        quantize_static(
+            str(prepared),
+            str(out_path),
+            _reader(calibration, input_name),
+            quant_format=QuantFormat.QDQ,
+            per_channel=True,
+            reduce_range=True,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+        )

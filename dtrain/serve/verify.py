@@ -1,0 +1,123 @@
+"""The images an export is checked and calibrated on, and the check itself.
+
+The validation split is read once into memory as the networks' own input (uint8
+[N, 3, S, S]); the checkpoint and every exported backend then see exactly the same bytes.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dtrain.errors import DtrainError
+from dtrain.serve.model_dir import Verification
+
+REFERENCE_BATCH = 64
+
+
+@dataclass
+class ValData:
+    images: np.ndarray  # uint8 [N, 3, S, S]
+    labels: np.ndarray  # int64 [N]
+    split: str
+    data_cfg: Any  # the DataConfig the split came from
+
+
+def data_config(root: str | None, meta: dict[str, Any]):
+    """The training run's data settings, at `root` if given, at the model's image size."""
+    from dtrain.configio import validate
+    from dtrain.data.config import DataConfig
+
+    base = dict((meta.get("config") or {}).get("data") or {})
+    if root is not None:
+        base["root"] = str(root)
+    base["image_size"] = int(meta["image_size"])
+    cfg = validate(DataConfig, base, "the checkpoint's data config")
+    if "://" not in cfg.root and not Path(cfg.root).is_dir():
+        raise DtrainError(f"data directory not found: {cfg.root}", "pass the data set root with --data DIR")
+    return cfg
+
+
+def load_val(root: str | None, meta: dict[str, Any]) -> ValData:
+    from dtrain.data.datasets import open_split
+
+    cfg = data_config(root, meta)
+    ds = open_split(cfg, cfg.val_split, train=False)
+    if list(ds.classes) != list(meta["classes"]):
+        raise DtrainError(f"the data set's classes {list(ds.classes)} differ from the model's {list(meta['classes'])}",
+                          "verify on the data set the model was trained on (--data)")
+    samples = [s for s in (ds[i] for i in range(len(ds))) if s is not None]
+    if not samples:
+        raise DtrainError(f"the {cfg.val_split!r} split of {cfg.root} has no readable images", "the export verifies on it; check --data")
+    images = np.stack([s[0].numpy() for s in samples])
+    labels = np.array([int(s[1]) for s in samples], dtype=np.int64)
+    return ValData(images=images, labels=labels, split=cfg.val_split, data_cfg=cfg)
+
+
+def reference_logits(wrapped, images: np.ndarray) -> np.ndarray:
+    """The checkpoint's own fp32 logits, the yardstick for every backend."""
+    import torch
+
+    out = []
+    with torch.inference_mode():
+        for i in range(0, len(images), REFERENCE_BATCH):
+            out.append(wrapped(torch.from_numpy(images[i : i + REFERENCE_BATCH])).float().numpy())
+    return np.concatenate(out)
+
+
+def verify_backend(run, val: ValData, ref_logits: np.ndarray, negative_index: int, threshold: float) -> Verification:
+    from dtrain.inspect.metrics import false_alarm_rate, miss_rate
+    from dtrain.serve.predictor import softmax64
+
+    logits = np.concatenate([run(val.images[i : i + REFERENCE_BATCH]) for i in range(0, len(val.images), REFERENCE_BATCH)])
+    p_ref = 1.0 - softmax64(ref_logits)[:, negative_index]
+    p = 1.0 - softmax64(logits)[:, negative_index]
+    is_defect = val.labels != negative_index
+    return Verification(
+        split=val.split,
+        n_images=len(p),
+        n_defective=int(is_defect.sum()),
+        verdict_agreement=float(np.mean((p >= threshold) == (p_ref >= threshold))),
+        max_abs_p_defect_diff=float(np.max(np.abs(p - p_ref))),
+        miss_rate=miss_rate(p, is_defect, threshold).rate,
+        false_alarm_rate=false_alarm_rate(p, is_defect, threshold).rate,
+    )
+
+
+def calibration_images(source: str | None, data_cfg, size: int, limit: int, seed: int = 0) -> np.ndarray:
+    """Up to `limit` images to calibrate int8 on: files under `source` (directories,
+    globs), or by default a fixed random sample of the training split."""
+    from dtrain.serve.images import ImageRejected, prepare_file
+
+    if source is not None:
+        from dtrain.serve.inspect_batch import collect_inputs
+
+        paths = collect_inputs([source])
+        random.Random(seed).shuffle(paths)
+        out = []
+        for path in paths:
+            try:
+                out.append(prepare_file(path, size))
+            except (ImageRejected, OSError):
+                continue  # an unreadable calibration file is no reason to stop
+            if len(out) == limit:
+                break
+        return np.stack(out) if out else np.zeros((0, 3, size, size), np.uint8)
+
+    from dtrain.data.datasets import open_split
+
+    ds = open_split(data_cfg, data_cfg.train_split, train=False)
+    order = list(range(len(ds)))
+    random.Random(seed).shuffle(order)
+    out = []
+    for i in order:
+        sample = ds[i]
+        if sample is not None:
+            out.append(sample[0].numpy())
+        if len(out) == limit:
+            break
+    return np.stack(out) if out else np.zeros((0, 3, size, size), np.uint8)
