@@ -16,17 +16,19 @@ namespaces, links, bridge and temporary files; it runs from the fixture finalize
 from atexit (Ctrl-C, SIGTERM), and the next session removes what a SIGKILLed one left.
 
 Name resolution (measured on the CI VM, documented here because torch's rendezvous does
-reverse lookups): /etc/hosts is shared, but `ip netns exec` bind-mounts
-/etc/netns/<ns>/hosts over /etc/hosts for the processes it starts, sshd included, so
-every host gets its own hosts file naming h1..h3 and the head. Without it a reverse
-lookup of a bridge address falls through to DNS; inside a namespace the resolver is
-unroutable, so the lookup fails at once (ENETUNREACH) rather than stalling - but a
-namespace given a default route would stall for the resolver's timeout instead.
+reverse lookups): /etc/hosts is shared, but `ip netns exec` bind-mounts the files of
+/etc/netns/<ns>/ over /etc/ for the processes it starts, sshd included, so every host
+gets its own hosts file naming h1..h3 and the head (and its own resolv.conf copy).
+Without it a reverse lookup of a bridge address falls through to DNS; inside a
+namespace the resolver is unroutable, so `getent hosts <ip>` fails at once
+(ENETUNREACH) rather than stalling - but a resolver that is routable and silent stalls
+every lookup for its timeout: `edit_etc` reproduces that for the preflight test.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import ipaddress
 import os
@@ -96,6 +98,24 @@ class NetnsCluster:
         """Cut (or restore) a host's network, as when a node drops off the network."""
         h = self.host(host)
         _ip("-n", h.netns, "link", "set", "eth0", "up" if up else "down")
+
+    @contextlib.contextmanager
+    def edit_etc(self, host: str, name: str, text: str):
+        """Temporarily replace a host's /etc/hosts or /etc/resolv.conf.
+
+        Written in place: processes started earlier (sshd) see the bind-mounted inode,
+        so the change reaches every later ssh session on that host."""
+        path = NETNS_ETC / self.host(host).netns / name
+        saved = path.read_text()
+        with open(path, "r+") as f:
+            f.write(text)
+            f.truncate()
+        try:
+            yield path
+        finally:
+            with open(path, "r+") as f:
+                f.write(saved)
+                f.truncate()
 
     def cluster_yaml(self, n: int = 2, *, path: Path | None = None, extra: str = "",
                      node_extra: dict[str, str] | None = None) -> Path:
@@ -304,6 +324,8 @@ def build(n_hosts: int = N_HOSTS) -> NetnsCluster:
         _ip("-n", h.netns, "link", "set", "lo", "up")
         (NETNS_ETC / h.netns).mkdir(parents=True, exist_ok=True)
         (NETNS_ETC / h.netns / "hosts").write_text(hosts_text)
+        # Its own copy, so a test can give one host a stalling resolver (edit_etc).
+        (NETNS_ETC / h.netns / "resolv.conf").write_text(Path("/etc/resolv.conf").read_text())
 
     _ssh_config(tmp, cluster.hosts, prefix)
     for h in cluster.hosts:

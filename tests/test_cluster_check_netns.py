@@ -100,3 +100,18 @@ def test_a_blocked_master_port_is_named_with_its_holder(netns_cluster, dtrain_cm
     finally:
         blocker.kill()
         blocker.wait()
+
+
+def test_a_stalling_resolver_on_a_node_is_reported_with_the_hosts_file_fix(netns_cluster, dtrain_cmd):
+    # h2 loses its hosts entries and gets a resolver on the bridge that never answers:
+    # every reverse lookup now stalls for the resolver's timeout, as on a host without DNS.
+    silent = netns_cluster.hosts[0].address.rsplit(".", 1)[0] + ".99"
+    h1 = netns_cluster.hosts[0]
+    plain_hosts = f"127.0.0.1 localhost {socket.gethostname()}\n"
+    with netns_cluster.edit_etc("h2", "hosts", plain_hosts), \
+            netns_cluster.edit_etc("h2", "resolv.conf", f"nameserver {silent}\noptions timeout:2 attempts:1\n"):
+        res = check(dtrain_cmd, netns_cluster.cluster_yaml(2), "--port", "29616")
+    assert res.returncode == 0, res.stdout + res.stderr  # a warning, not a failure
+    assert f"h2: reverse lookup of the master address {h1.address} took" in res.stdout
+    assert f"add '{h1.address} h1' to /etc/hosts here" in res.stdout
+    assert "h1: reverse lookup" not in res.stdout
