@@ -30,7 +30,9 @@ def preflight(cluster, job: JobSpec, out: TextIO, timeout: float = 30.0):
     """The cluster engineer's checks; any failing node -> PreflightError, nothing launched."""
     from dtrain.cluster.preflight import run_preflight
 
-    report = run_preflight(cluster, master_port=job.port, timeout=timeout, out=out)
+    from rich.console import Console
+
+    report = run_preflight(cluster, master_port=job.port, timeout=timeout, out=Console(file=out, width=120))
     if not report.ok:
         lines = "\n".join(f"  {line}" for line in report.failures)
         raise PreflightError(

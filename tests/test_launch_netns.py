@@ -1,0 +1,166 @@
+"""Issue 3's launch acceptance checks across namespace hosts, over real SSH.
+
+Each host is a network namespace with its own sshd (tests/netns.py); all of them see
+this repository and this virtualenv at the same paths, like nodes on a NAS.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from launch_helpers import REPO, SCRIPTS, free_port, job_id_of, job_processes, wait_gone
+
+pytestmark = pytest.mark.netns
+PLAIN = str(SCRIPTS / "plain_ddp.py")
+
+
+class Run:
+    """`dtrain run ...` in the background, its output collected line by line."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "dtrain", "run", *args], cwd=REPO, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.lines: list[str] = []
+        self.err = ""
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, text: str, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(text in ln for ln in self.lines):
+            assert self.proc.poll() is None, self.output()
+            assert time.monotonic() < deadline, f"no {text!r} within {timeout} s:\n{self.output()}"
+            time.sleep(0.2)
+
+    def finish(self, timeout: float = 300) -> int:
+        rc = self.proc.wait(timeout=timeout)
+        self.err = self.proc.stderr.read()
+        time.sleep(0.2)
+        return rc
+
+    def output(self) -> str:
+        return "\n".join(self.lines) + "\n" + self.err
+
+    @property
+    def job_id(self) -> str:
+        return job_id_of("\n".join(self.lines))
+
+
+def kill_workers(cluster, host: str, marker: str) -> list[int]:
+    """SIGKILL the training processes (not torchrun, not the wrapper) on one host."""
+    pids = [pid for pid, cmd in cluster.processes(host)
+            if marker in cmd and "torch.distributed.run" not in cmd and "dtrain.launch.node" not in cmd]
+    for pid in pids:
+        subprocess.run(["kill", "-9", str(pid)], check=False)
+    return pids
+
+
+def assert_nothing_left(cluster, job_id: str) -> None:
+    assert wait_gone(job_id) == []
+    for h in cluster.hosts:
+        left = [c for _, c in cluster.processes(h) if "torch.distributed.run" in c or job_id in c]
+        assert left == [], f"{h.name}: {left}"
+
+
+def test_plain_torchrun_script_static_and_elastic(netns_cluster, dtrain_home, tmp_path):
+    yaml = netns_cluster.cluster_yaml(2)
+    results = {}
+    for mode in ("static", "elastic"):
+        out = tmp_path / f"{mode}.pt"
+        run = Run(str(yaml), "--rdzv", mode, "--nproc-per-node", "2", "--port", str(free_port()),
+                  *(["--no-preflight"] if mode == "elastic" else []),
+                  "--", "python", PLAIN, "--epochs", "1", "--out", str(out))
+        assert run.finish() == 0, run.output()
+        assert "[h1:r0] done world=4 steps=4" in run.lines, run.output()
+        results[mode] = torch.load(out)
+        assert_nothing_left(netns_cluster, run.job_id)
+    for key, value in results["static"].items():
+        torch.testing.assert_close(results["elastic"][key], value, rtol=0, atol=1e-6)
+
+
+def _recipe_sets(synth_data, out):
+    sets = {
+        "data.root": synth_data, "data.image_size": 32, "data.num_workers": 0, "data.augment": False,
+        "model.norm": "group", "epochs": 1, "max_steps": 3, "batch_size": 4, "precision": "fp32",
+        "deterministic": True, "optim.warmup_steps": 1, "log_every": 1, "output_dir": out, "device": "cpu",
+    }
+    return [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+
+
+def test_recipe_two_hosts_equals_one_host(netns_cluster, dtrain_home, synth_data, tmp_path):
+    yaml = netns_cluster.cluster_yaml(2)
+    params = {}
+    for label, hosts, nproc in (("2x2", "h1,h2", "2"), ("1x4", "h1", "4")):
+        out = tmp_path / label
+        run = Run(str(yaml), "--hosts", hosts, "--nproc-per-node", nproc, "--port", str(free_port()),
+                  "--no-preflight", "--", "dtrain", "train", *_recipe_sets(synth_data, out))
+        assert run.finish(timeout=600) == 0, run.output()
+        params[label] = torch.load(out / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)["model"]
+    assert params["2x2"].keys() == params["1x4"].keys()
+    for key, value in params["1x4"].items():
+        torch.testing.assert_close(params["2x2"][key], value, rtol=0, atol=1e-5, msg=key)
+
+
+def test_kill_on_one_host_stops_the_whole_job(netns_cluster, dtrain_home):
+    yaml = netns_cluster.cluster_yaml(2)
+    run = Run(str(yaml), "--no-preflight", "--nproc-per-node", "2", "--port", str(free_port()),
+              "--", "python", PLAIN, "--epochs", "1000", "--sleep", "0.3")
+    run.wait_for("[h1:r0] epoch 0 step 2")
+    assert kill_workers(netns_cluster, "h2", "plain_ddp.py")
+    t0 = time.monotonic()
+    rc = run.finish(timeout=60)
+    elapsed = time.monotonic() - t0
+    assert rc != 0 and elapsed < 30, (rc, elapsed, run.output())
+    assert "first failure: node h2" in run.err, run.output()
+    assert_nothing_left(netns_cluster, run.job_id)
+    status = json.loads(subprocess.run([sys.executable, "-m", "dtrain", "status", run.job_id, "--json"],
+                                       capture_output=True, text=True, timeout=60).stdout)
+    assert status["state"] == "failed" and status["nodes"] == ["h1", "h2"]
+
+
+def test_elastic_restart_resumes_from_checkpoint(netns_cluster, dtrain_home, synth_data, tmp_path):
+    yaml = netns_cluster.cluster_yaml(2)
+    out = tmp_path / "elastic"
+    sets = _recipe_sets(synth_data, out)
+    sets[sets.index("max_steps=3")] = "max_steps=1000"
+    sets[sets.index("epochs=1")] = "epochs=3"
+    run = Run(str(yaml), "--no-preflight", "--rdzv", "elastic", "--max-restarts", "1", "--nproc-per-node", "1",
+              "--port", str(free_port()), "--", "dtrain", "train", *sets)
+    last = out / "checkpoints" / "last.pt"
+    deadline = time.monotonic() + 400
+    while not last.exists():
+        assert run.proc.poll() is None, run.output()
+        assert time.monotonic() < deadline, run.output()
+        time.sleep(0.2)
+    assert kill_workers(netns_cluster, "h2", "dtrain.train")
+    assert run.finish(timeout=600) == 0, run.output()
+    text = run.output()
+    assert "resumed from" in text, text
+    ckpt = torch.load(last, map_location="cpu", weights_only=False)
+    assert ckpt["epoch"] == 3 and (out / "checkpoints" / "ckpt-epoch0003.pt").exists(), ckpt["epoch"]
+    assert_nothing_left(netns_cluster, run.job_id)
+
+
+def test_preflight_failure_launches_nothing(netns_cluster, dtrain_home):
+    yaml = netns_cluster.cluster_yaml(2, node_extra={"h2": "    python: /nonexistent/python3"})
+    res = subprocess.run([sys.executable, "-m", "dtrain", "run", str(yaml), "--port", str(free_port()),
+                          "--", "python", PLAIN], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert res.returncode == 4, res.stdout + res.stderr
+    assert "preflight failed, nothing was launched" in res.stderr and "h2:" in res.stderr
+    assert "Traceback" not in res.stderr
+    listed = subprocess.run([sys.executable, "-m", "dtrain", "jobs", "--json"], capture_output=True, text=True,
+                            timeout=60).stdout
+    assert json.loads(listed) == []
+    for h in netns_cluster.hosts:
+        assert not [c for _, c in netns_cluster.processes(h) if "torch.distributed.run" in c]
