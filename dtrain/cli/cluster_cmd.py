@@ -13,7 +13,12 @@ from dtrain.cli import launch_cmd
 
 def load_cluster_arg(cluster: Optional[Path], hosts: Optional[str], python: Optional[str] = None):
     """The cluster named on a command line: a cluster.yaml, `--hosts h1,h2`, or both
-    (the file restricted to those nodes). Shared with the launch commands."""
+    (the file restricted to those nodes).
+
+    The quick form runs the head's own interpreter path on every node, as `dtrain run
+    --hosts` does (a venv at the same path everywhere); `--python` overrides both forms."""
+    import sys
+
     from dtrain.cluster.spec import ClusterSpec, load_cluster
     from dtrain.errors import ConfigError
 
@@ -21,7 +26,7 @@ def load_cluster_arg(cluster: Optional[Path], hosts: Optional[str], python: Opti
     if cluster is None and not names:
         raise ConfigError("no cluster given", "pass a cluster.yaml, or --hosts h1,h2 (use 'local' for this machine)")
     if cluster is None:
-        spec = ClusterSpec.from_hosts(names, defaults={"python": python} if python else {})
+        spec = ClusterSpec.from_hosts(names, defaults={"python": python or sys.executable})
     else:
         spec = load_cluster(cluster)
         if names:
