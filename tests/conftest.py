@@ -11,7 +11,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 # The multi-host harness: the session fixture `netns_cluster` (owner: cluster).
-pytest_plugins = ["tests.netns"]
+pytest_plugins = ["tests.netns", "tests.s3", "tests.deploy_fixtures"]
 
 
 @pytest.fixture
@@ -39,6 +39,25 @@ def synth_data(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("synth_data")
     synthesize(root, images=360, size=32, seed=0, workers=1)
     return root
+
+
+@pytest.fixture(scope="session")
+def trained_checkpoint(synth_data, tmp_path_factory) -> Path:
+    """OUTPUT/checkpoints/last.pt of a tiny real training run on `synth_data` (owner:
+    train): ResNet-18, 32 px, one process, fp32, 2 epochs. Read-only: copy it before
+    changing it. Not a good model; a real one with the full checkpoint contract."""
+    import subprocess
+
+    out = tmp_path_factory.mktemp("trained")
+    sets = {
+        "data.root": synth_data, "data.image_size": 32, "data.num_workers": 0, "epochs": 2,
+        "batch_size": 16, "precision": "fp32", "optim.warmup_steps": 4, "log_every": 5,
+        "output_dir": out / "run", "device": "cpu",
+    }
+    argv = [sys.executable, "-m", "dtrain.train"] + [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, f"training for the trained_checkpoint fixture failed:\n{proc.stderr[-3000:]}"
+    return out / "run" / "checkpoints" / "last.pt"
 
 
 def pytest_report_header(config):

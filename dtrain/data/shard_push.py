@@ -132,6 +132,7 @@ def push(
         for split, listing in listings.items():
             ranges, sizes = plans[split]
             rows = np.zeros((len(listing.paths), 4), dtype=np.int64)
+            present = store.list_sizes(split)  # one listing instead of a request per shard
             shards: list[ShardInfo] = []
             for number, (lo, hi) in enumerate(ranges):
                 name = shard_name(split, number)
@@ -149,7 +150,7 @@ def push(
                 info = ShardInfo(name=name, count=hi - lo, bytes=os.path.getsize(local), sha256=digest)
                 shards.append(info)
                 shard_bytes = sum(sizes[lo:hi])
-                if _already_there(store, info, recheck):
+                if _already_there(store, info, present, recheck):
                     report.shards_skipped.append(name)
                     os.unlink(local)
                     done += shard_bytes
@@ -201,10 +202,10 @@ def _write_split_files(store: Store, split: str, listing, root: str, rows: np.nd
     )
 
 
-def _already_there(store: Store, info: ShardInfo, recheck: bool) -> bool:
+def _already_there(store: Store, info: ShardInfo, present: dict[str, int], recheck: bool) -> bool:
     """Size + marker is enough after an interruption; `recheck` re-reads the object
     itself (to replace shards that `verify` found corrupted)."""
-    if store.size(info.name) != info.bytes:
+    if present.get(info.name) != info.bytes or info.name + ".sha256" not in present:
         return False
     try:
         if store.read_bytes(info.name + ".sha256").decode().strip() != info.sha256:

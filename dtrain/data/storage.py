@@ -107,6 +107,16 @@ class Store:
             except FileNotFoundError:
                 return None
 
+    def list_sizes(self, prefix: str) -> dict[str, int]:
+        """Sizes of the objects below `prefix` (one listing request), by name relative to the root."""
+        with self.errors(prefix):
+            try:
+                found = self.fs.find(self.path(prefix), detail=True)
+            except FileNotFoundError:
+                return {}
+        cut = len(self._root) + 1 if self._root else 0
+        return {p[cut:]: int(d.get("size") or 0) for p, d in found.items() if d.get("type") != "directory"}
+
     def info(self, name: str) -> dict[str, Any]:
         with self.errors(name):
             return dict(self.fs.info(self.path(name)))
