@@ -1,7 +1,10 @@
 """Per-rank training metrics as the agent keeps them: cumulative counters + last values.
 
-Counters (not per-interval averages) so that any number of readers — the collector,
-Prometheus, a curl by hand — can each take their own deltas without resetting anything.
+Ranks send their own cumulative counters (see report.py), so a lost datagram loses
+nothing. Counters stay monotonic across a rank's restart (elastic restarts start a new
+process whose counters begin at zero): the old process's totals become a base offset.
+Counters, not per-interval averages, so that any number of readers (the collector,
+Prometheus, a curl by hand) can each take their own deltas.
 """
 
 from __future__ import annotations
@@ -11,12 +14,15 @@ import threading
 from typing import Any
 
 _MAX_DATAGRAM = 4096
+COUNTERS = ("steps_total", "step_time_total", "data_wait_total", "samples_total")
 
 
 class RankTable:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._ranks: dict[int, dict[str, Any]] = {}
+        self._base: dict[int, dict[str, float]] = {}
+        self._seen: dict[int, dict[str, Any]] = {}  # rank -> {"pid", counters as sent}
         self.bad_datagrams = 0
 
     def ingest(self, datagram: bytes) -> dict[str, Any] | None:
@@ -24,36 +30,34 @@ class RankTable:
         try:
             msg = json.loads(datagram[:_MAX_DATAGRAM])
             rank = int(msg["rank"])
-            step_time = float(msg["step_time_s"])
-            data_wait = float(msg.get("data_wait_s") or 0.0)
-            samples = int(msg.get("samples") or 0)
+            sent = {c: float(msg[c]) for c in COUNTERS}
         except (ValueError, KeyError, TypeError):
             self.bad_datagrams += 1
             return None
         with self._lock:
-            row = self._ranks.get(rank)
-            if row is None:
-                row = self._ranks[rank] = {
-                    "rank": rank,
-                    "steps_total": 0,
-                    "step_time_total": 0.0,
-                    "data_wait_total": 0.0,
-                    "samples_total": 0,
-                }
-            row["steps_total"] += 1
-            row["step_time_total"] += step_time
-            row["data_wait_total"] += data_wait
-            row["samples_total"] += samples
+            seen = self._seen.get(rank)
+            base = self._base.setdefault(rank, dict.fromkeys(COUNTERS, 0.0))
+            if seen is not None and seen["pid"] != msg.get("pid"):
+                for c in COUNTERS:  # a new process for this rank: keep counting on top
+                    base[c] += seen[c]
+            elif seen is not None and sent["steps_total"] < seen["steps_total"]:
+                return msg  # an older datagram overtaken by a newer one
+            self._seen[rank] = {"pid": msg.get("pid"), **sent}
+            row = {c: base[c] + sent[c] for c in COUNTERS}
+            row["steps_total"] = int(row["steps_total"])
+            row["samples_total"] = int(row["samples_total"])
             row.update(
+                rank=rank,
                 step=msg.get("step"),
                 epoch=msg.get("epoch"),
                 loss=msg.get("loss"),
                 lr=msg.get("lr"),
-                last_step_time=step_time,
+                last_step_time=msg.get("last_step_time"),
                 last_t=msg.get("t"),
                 pid=msg.get("pid"),
                 local_rank=msg.get("local_rank"),
             )
+            self._ranks[rank] = row
         return msg
 
     def snapshot(self) -> dict[str, dict[str, Any]]:

@@ -6,15 +6,19 @@
 The trainer calls it on every rank after every step; any user script may do the same.
 It must never slow a step down, so:
 - the environment is read once; with nothing configured a call is one attribute check;
-- metrics go to the node agent as one small UDP datagram on a non-blocking socket
-  (`DTRAIN_AGENT_ADDR=host:port`). UDP because a dead or busy agent must not stall or
-  crash training: a lost datagram costs one sample, a full buffer drops it silently;
+- steps are summed in the process and sent to the node agent at most every 0.5 s (and
+  at exit) as one small UDP datagram on a non-blocking socket
+  (`DTRAIN_AGENT_ADDR=host:port`) holding cumulative counters and the last values.
+  UDP because a dead or busy agent must not stall or crash training; cumulative
+  counters because then a lost datagram loses nothing. Batching because waking the
+  agent for every step of a fast model cost it ~2 % of a core at 100 steps/s;
 - the heartbeat file `$DTRAIN_HEARTBEAT_DIR/rank{RANK}` (read by the launch watchdog)
   is touched at most once per second.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import socket
@@ -24,6 +28,7 @@ from pathlib import Path
 AGENT_ADDR_ENV = "DTRAIN_AGENT_ADDR"
 HEARTBEAT_DIR_ENV = "DTRAIN_HEARTBEAT_DIR"
 HEARTBEAT_PERIOD_S = 1.0
+SEND_PERIOD_S = 0.5
 
 
 class _Reporter:
@@ -47,18 +52,43 @@ class _Reporter:
             except (ValueError, OSError):
                 # A malformed address must not take training down; metrics are best effort.
                 self.sock, self.dest = None, None
+        self.next_send = 0.0
+        self.totals = {"steps_total": 0, "step_time_total": 0.0, "data_wait_total": 0.0, "samples_total": 0}
+        self.last: dict = {}
+        self.last_step_time: float | None = None
+        if self.sock is not None:
+            atexit.register(self.flush)
         hb_dir = environ.get(HEARTBEAT_DIR_ENV, "").strip()
         self.heartbeat: Path | None = Path(hb_dir) / f"rank{self.rank}" if hb_dir else None
         self.next_beat = 0.0
         self.active = self.sock is not None or self.heartbeat is not None
 
-    def send(self, payload: dict) -> None:
-        if self.sock is None or self.dest is None:
+    def add(self, now: float, step_time_s: float, data_wait_s: float, samples: int, last: dict) -> None:
+        tot = self.totals
+        tot["steps_total"] += 1
+        tot["step_time_total"] += float(step_time_s)
+        tot["data_wait_total"] += float(data_wait_s)
+        tot["samples_total"] += int(samples)
+        self.last = last
+        self.last_step_time = float(step_time_s)
+        if now >= self.next_send:
+            self.next_send = now + SEND_PERIOD_S
+            self.flush()
+
+    def flush(self) -> None:
+        if self.sock is None or self.dest is None or not self.last or self.pid != os.getpid():
             return
+        loss = self.last.get("loss")
+        payload = {
+            "v": 2, "job": self.job, "rank": self.rank, "local_rank": self.local_rank, "pid": self.pid,
+            "t": time.time(), **self.totals, **self.last,
+            "loss": None if loss is None else float(loss), "last_step_time": self.last_step_time,
+        }  # fmt: skip
         try:
             self.sock.sendto(json.dumps(payload, separators=(",", ":")).encode(), self.dest)
         except OSError:
-            # BlockingIOError (buffer full), ConnectionRefused (agent gone): drop the sample.
+            # BlockingIOError (buffer full), ConnectionRefused (agent gone): the next
+            # datagram carries the same counters.
             pass
 
     def beat(self, now: float) -> None:
@@ -92,6 +122,8 @@ def reset() -> None:
     """Forget the cached environment (tests, or a script that changes it)."""
     global _reporter
     if _reporter is not None and _reporter.sock is not None:
+        _reporter.flush()
+        atexit.unregister(_reporter.flush)
         _reporter.sock.close()
     _reporter = None
 
@@ -110,23 +142,9 @@ def report_step(
     rep = _get()
     if not rep.active:
         return
-    rep.beat(time.monotonic())
-    if rep.sock is None:
-        return
-    rep.send(
-        {
-            "v": 1,
-            "job": rep.job,
-            "rank": rep.rank,
-            "local_rank": rep.local_rank,
-            "pid": rep.pid,
-            "t": time.time(),
-            "step": int(step),
-            "epoch": int(epoch),
-            "loss": None if loss is None else float(loss),
-            "lr": None if lr is None else float(lr),
-            "step_time_s": float(step_time_s),
-            "data_wait_s": float(data_wait_s),
-            "samples": int(samples),
-        }
-    )
+    now = time.monotonic()
+    rep.beat(now)
+    if rep.sock is not None:
+        # `loss` may be a tensor: it is converted (a device sync) only when sent
+        rep.add(now, step_time_s, data_wait_s, samples,
+                {"step": int(step), "epoch": int(epoch), "loss": loss, "lr": None if lr is None else float(lr)})
