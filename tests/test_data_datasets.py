@@ -162,3 +162,12 @@ def test_preprocess_image_matches_the_evaluation_pipeline(synth_data):
         assert torch.equal(out, expected), type(source)
     grey = preprocess_image(pil.convert("L"), 48)
     assert grey.shape == (3, 48, 48) and torch.equal(grey[0], grey[2])
+
+
+def test_cache_decoded_serves_the_same_pixels(synth_data):
+    cfg = DataConfig(root=str(synth_data), image_size=24)
+    plain = open_split(cfg, "test", train=False)
+    cached = open_split(cfg.model_copy(update={"cache_decoded": True}), "test", train=False)
+    assert len(plain) == len(cached)
+    for i in range(0, len(plain), 7):
+        assert torch.equal(plain[i][0], cached[i][0]) and plain[i][1] == cached[i][1]

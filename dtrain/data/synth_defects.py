@@ -109,18 +109,20 @@ def stain(rng: Rng, c: Canvas, v: float) -> None:
     d = np.hypot(c.xx - cx, c.yy - cy) / radius
     field = 1 - d + 0.35 * fractal(rng, c.n, 3.2)
     mask = expit(field / 0.08)
-    kind = int(rng.integers(3))
-    if kind == 0:  # rust: warm, darker
-        tint = np.array([1.0, 0.78, 0.55], np.float32)
-    elif kind == 1:  # oil: dark, slightly cool
-        tint = np.array([0.72, 0.72, 0.8], np.float32)
-    else:  # dried coolant: a tide-mark ring, yellowish
-        tint = np.array([1.0, 0.88, 0.6], np.float32)
+    tint, darken, ring = STAINS[int(rng.integers(len(STAINS)))]
+    if ring:  # a dried liquid leaves most of its residue at the rim
         mask = np.clip(mask * (1 - mask) * 4, 0, 1) * 0.8 + mask * 0.2
     strength = v * rng.uniform(0.7, 1.0)
-    c.color *= 1 - (strength * mask)[..., None] * (1 - tint)
-    c.albedo *= 1 - strength * 0.2 * mask
+    c.color *= 1 - (strength * mask)[..., None] * (1 - np.asarray(tint, np.float32))
+    c.albedo *= 1 - strength * darken * mask
 
+
+# (per-channel tint, darkening, tide-mark ring): rust, oil, dried coolant.
+STAINS = (
+    ((1.0, 0.78, 0.55), 0.2, False),
+    ((0.92, 0.92, 0.97), 0.45, False),
+    ((1.0, 0.88, 0.6), 0.2, True),
+)
 
 DEFECTS: dict[str, Callable[[Rng, Canvas, float], None]] = {
     "scratch": scratch,
