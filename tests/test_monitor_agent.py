@@ -160,3 +160,18 @@ def test_collector_stores_series_flags_straggler_and_dead_node(tmp_path):
     assert sum(ranks[("n2", 2)]["steps"]) == 12
     assert ranks[("n1", 0)]["steps_total"][-1] == 40
     assert "n1 stopped reporting" in (job_dir / "monitor.log").read_text()
+
+
+def test_local_monitoring_for_a_job_on_this_machine(tmp_path):
+    from dtrain.monitor.local import monitored
+
+    said = []
+    with monitored(tmp_path / "job", "jobL", say=said.append) as env:
+        assert set(env) == {"DTRAIN_AGENT_ADDR"}
+        port = int(env["DTRAIN_AGENT_ADDR"].rsplit(":", 1)[1])
+        start_rank(0, port, steps=20, sleep=0.02).wait(timeout=60)
+        time.sleep(1.5)
+    store = Store.for_job(tmp_path / "job", readonly=True)
+    assert store.rank_series()[("local", 0)]["steps_total"][-1] == 20
+    assert len(store.node_series()["local"]["t"]) >= 2
+    assert said == []

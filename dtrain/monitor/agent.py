@@ -35,12 +35,21 @@ class Agent:
         self.stopping = threading.Event()
         self._host: dict[str, Any] = {}
         self.started = time.time()
-        self.http = _Server((bind, port), _Handler)
+        # Port 0 (any free port): the UDP port must match the TCP one the kernel picked,
+        # which another program may hold; try a few.
+        for attempt in range(5 if port == 0 else 1):
+            self.http = _Server((bind, port), _Handler)
+            self.port = self.http.server_address[1]
+            self.udp = socket.socket(socket.AF_INET6 if ":" in udp_host else socket.AF_INET, socket.SOCK_DGRAM)
+            try:
+                self.udp.bind((udp_host, self.port))
+                break
+            except OSError:
+                self.udp.close()
+                self.http.server_close()
+                if attempt == (4 if port == 0 else 0):
+                    raise
         self.http.agent = self
-        self.port = self.http.server_address[1]
-        family = socket.AF_INET6 if ":" in udp_host else socket.AF_INET
-        self.udp = socket.socket(family, socket.SOCK_DGRAM)
-        self.udp.bind((udp_host, self.port))
         self.udp.settimeout(0.5)
 
     def snapshot(self) -> dict[str, Any]:

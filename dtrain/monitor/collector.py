@@ -80,8 +80,15 @@ class Collector:
 
     def _run(self) -> None:
         next_t = time.monotonic()
+        failing = False
         while not self._stop.is_set():
-            self.poll_once()
+            try:
+                self.poll_once()
+                failing = False
+            except Exception as exc:  # e.g. the job's disk is full: keep polling, say it once
+                if not failing:
+                    self._log(self.clock(), f"monitor: storing metrics failed: {exc}")
+                failing = True
             next_t += self.interval_s
             self._stop.wait(max(0.0, next_t - time.monotonic()))
             if next_t < time.monotonic():
@@ -150,8 +157,11 @@ class Collector:
 
     def _log(self, t: float, message: str) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
-        with open(self.job_dir / LOG_NAME, "a") as fh:
-            fh.write(f"{stamp}Z {message}\n")
+        try:
+            with open(self.job_dir / LOG_NAME, "a") as fh:
+                fh.write(f"{stamp}Z {message}\n")
+        except OSError:
+            pass  # the log is a convenience; the store and on_finding carry the same
 
 
 def _fetch(url: str, timeout: float) -> dict[str, Any]:
