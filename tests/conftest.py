@@ -52,7 +52,7 @@ def trained_checkpoint(synth_data, tmp_path_factory) -> Path:
     sets = {
         "data.root": synth_data, "data.image_size": 32, "data.num_workers": 0, "epochs": 2,
         "batch_size": 16, "precision": "fp32", "optim.warmup_steps": 4, "log_every": 5,
-        "output_dir": out / "run", "device": "cpu",
+        "output_dir": out / "run", "device": "cpu", "threads": 1,
     }
     argv = [sys.executable, "-m", "dtrain.train"] + [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=REPO)
