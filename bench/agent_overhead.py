@@ -137,7 +137,6 @@ def main() -> None:
             t.join()
         stop.set()
         coll.stop()
-        steps = Collector  # noqa: F841 (keeps the import obviously used)
     for proc in (rank, base):
         proc.kill()
         proc.wait()

@@ -93,6 +93,8 @@ def test_prometheus_endpoint_parses_and_has_every_documented_metric(agent):
     documented = readme_metrics()
     assert set(documented) == {m.name for m in METRICS}, "README's metric list drifted from metrics.py"
     have_gpu = any(n.startswith("dtrain_gpu_") for n in exposed)
+    if not Path("/dev/nvidia0").exists():
+        assert not have_gpu  # no GPU: the series are absent, and the agent still serves
     for name, row in documented.items():
         if "NVIDIA GPUs only" in row and not have_gpu:
             continue

@@ -165,6 +165,11 @@ def test_dashboard_of_a_finished_job_in_headless_chromium(stored_job, dtrain_hom
         js = urllib.request.urlopen(base + "/static/plotly.min.js", timeout=10).read()
         assert len(js) > 1_000_000 and b"plotly" in js[:2000].lower()
         assert urllib.request.urlopen(base + "/api/jobs/" + stored_job.id + "/logs", timeout=10).status == 200
+        # live updates: the page asks only for samples newer than the last it has
+        newer = json.loads(urllib.request.urlopen(f"{base}/api/jobs/{stored_job.id}/series?since={T0 + N - 3}",
+                                                  timeout=10).read())
+        assert newer["nodes"]["a"]["t"] == [T0 + N - 2, T0 + N - 1] and "b" not in newer["nodes"]
+        assert newer["last"] == T0 + N - 1
 
         shot = tmp_path / "dashboard.png"
         res = subprocess.run(
