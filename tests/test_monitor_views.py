@@ -192,3 +192,11 @@ def test_dashboard_of_a_finished_job_in_headless_chromium(stored_job, dtrain_hom
     assert dom.count('class="js-line"') >= 12  # plotly drew the lines in SVG
     assert "rank 3 on b is a straggler" in dom and "[a:r0] epoch 0 step 10 loss 1.93" in dom
     assert shot.stat().st_size > 20_000 and shot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_diverged_loss_is_stored_as_a_gap(tmp_path):
+    store = Store.for_job(tmp_path)
+    store.write_poll(T0, [], [], [("a", 0, {"loss": float("nan"), "step_time": float("inf"), "steps": 1})])
+    row = store.rank_series()[("a", 0)]
+    assert row["loss"] == [None] and row["step_time"] == [None] and row["steps"] == [1]
+    store.close()

@@ -8,6 +8,7 @@ every reader wants whole rows over a time range.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from pathlib import Path
 from typing import Any, Iterable
@@ -90,7 +91,7 @@ class Store:
             for node, row, detail in node_rows:
                 self.db.execute(
                     f"INSERT INTO node_samples VALUES (?, ?, {', '.join('?' * len(NODE_COLS))}, ?)",
-                    (t, node, *[row.get(c) for c in NODE_COLS], detail),
+                    (t, node, *[_finite(row.get(c)) for c in NODE_COLS], detail),
                 )
                 self.db.execute(
                     "UPDATE nodes SET last_seen=?, first_seen=COALESCE(first_seen, ?) WHERE node=?", (t, t, node)
@@ -98,12 +99,12 @@ class Store:
             for node, gpu, row in gpu_rows:
                 self.db.execute(
                     f"INSERT INTO gpu_samples VALUES (?, ?, ?, {', '.join('?' * len(GPU_COLS))})",
-                    (t, node, gpu, *[row.get(c) for c in GPU_COLS]),
+                    (t, node, gpu, *[_finite(row.get(c)) for c in GPU_COLS]),
                 )
             for node, rank, row in rank_rows:
                 self.db.execute(
                     f"INSERT INTO rank_samples VALUES (?, ?, ?, {', '.join('?' * len(RANK_COLS))})",
-                    (t, node, rank, *[row.get(c) for c in RANK_COLS]),
+                    (t, node, rank, *[_finite(row.get(c)) for c in RANK_COLS]),
                 )
 
     def set_state(self, node: str, state: str, t: float, message: str) -> None:
@@ -147,6 +148,12 @@ class Store:
         return _columns(
             self.db.execute("SELECT * FROM rank_samples WHERE t > ? ORDER BY t", (since,)), ("node", "rank")
         )
+
+
+def _finite(value: Any) -> Any:
+    """NaN/inf (a diverged loss) are stored as NULL: JSON readers (the dashboard,
+    summary.json consumers) cannot parse them, and a gap is what they mean."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def _columns(rows: Iterable[sqlite3.Row], key_cols: tuple[str, ...]) -> dict[Any, dict[str, list]]:

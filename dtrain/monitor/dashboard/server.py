@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import socket
 import urllib.parse
 from collections import deque
@@ -41,17 +40,6 @@ def plotly_js() -> Path:
     return path
 
 
-def _clean(obj: Any) -> Any:
-    """JSON has no NaN/inf: they become null."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_clean(v) for v in obj]
-    return obj
-
-
 def series(job_id: str, since: float) -> dict[str, Any]:
     info = resolve(job_id)
     store = info.open()
@@ -60,7 +48,7 @@ def series(job_id: str, since: float) -> dict[str, Any]:
         nodes = store.node_series(since)
         for s in nodes.values():
             s.pop("detail", None)
-        return _clean({
+        return {
             "job": info.as_dict(),
             "last": span[1] if span else since,
             "first": span[0] if span else None,
@@ -69,7 +57,7 @@ def series(job_id: str, since: float) -> dict[str, Any]:
             "gpus": {f"{n}/gpu{g}": s for (n, g), s in store.gpu_series(since).items()},
             "ranks": {f"{r}": dict(s, node=n) for (n, r), s in store.rank_series(since).items()},
             "findings": [f.as_dict() for f in rules.from_store(store)],
-        })  # fmt: skip
+        }  # fmt: skip
     finally:
         store.close()
 
