@@ -47,8 +47,8 @@ def test_straggler_median_is_weighted_by_steps():
     assert F.stragglers(ranks) == []  # 30 of its 32 steps took 0.1 s
 
 
-def test_intervals_without_steps_are_ignored():
-    idle = {"t": [0, 1, 2], "steps": [0, 0, 0], "step_time": [None] * 3, "data_wait": [None] * 3}
+def test_intervals_without_timed_steps_are_ignored():
+    idle = {"t": [0, 1, 2], "steps": [0, 0, 5], "step_time": [None, None, None], "data_wait": [None] * 3}
     ranks = {("h1", 0): rank_series([0.1] * 3), ("h1", 1): rank_series([0.1] * 3), ("h1", 2): idle}
     assert F.stragglers(ranks) == [] and F.data_starvation(ranks) == []
 

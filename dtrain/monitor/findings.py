@@ -40,8 +40,11 @@ class Finding:
 
 
 def _window(series: dict[str, list], start: float | None) -> list[int]:
-    """Indices of intervals with finished steps at or after `start`."""
-    return [i for i, (t, n) in enumerate(zip(series["t"], series["steps"])) if n and (start is None or t >= start)]
+    """Indices of intervals with finished, timed steps at or after `start`."""
+    return [
+        i for i, (t, n, st) in enumerate(zip(series["t"], series["steps"], series["step_time"]))
+        if n and st is not None and (start is None or t >= start)
+    ]  # fmt: skip
 
 
 def _weighted_median(values: list[float], weights: list[int]) -> float:
