@@ -115,3 +115,20 @@ def test_a_stalling_resolver_on_a_node_is_reported_with_the_hosts_file_fix(netns
     assert f"h2: reverse lookup of the master address {h1.address} took" in res.stdout
     assert f"add '{h1.address} h1' to /etc/hosts here" in res.stdout
     assert "h1: reverse lookup" not in res.stdout
+
+
+def test_a_node_name_that_resolves_to_loopback_at_home_still_gets_its_real_interface(netns_cluster, dtrain_cmd):
+    # Debian writes "127.0.1.1 <hostname>" into /etc/hosts: on the node itself its name
+    # is loopback, and gloo left alone would listen where no other node can reach it.
+    h1 = netns_cluster.hosts[0]
+    with open(f"/etc/netns/{h1.netns}/hosts") as f:
+        hosts = f.read()
+    with netns_cluster.edit_etc("h1", "hosts", "127.0.1.1 h1\n" + hosts), \
+            netns_cluster.edit_etc("h2", "hosts", hosts.replace(" h2\n", " h2\n127.0.1.1 h2\n")):
+        assert netns_cluster.ssh("h1", "getent hosts h1").stdout.split()[0] == "127.0.1.1"
+        yaml = netns_cluster.cluster_yaml(2)
+        yaml.write_text(yaml.read_text().replace(f"address: {h1.address}", "address: h1")
+                        .replace(f"address: {netns_cluster.hosts[1].address}", "address: h2"))
+        res = check(dtrain_cmd, yaml, "--port", "29617", "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert {n["node"]: n["ifname"] for n in json.loads(res.stdout)["nodes"]} == {"h1": "eth0", "h2": "eth0"}

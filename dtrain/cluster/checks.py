@@ -102,6 +102,7 @@ def judge_cluster(reports: list[NodeReport], probes: dict[str, dict[str, Any]], 
             r.warn("gpus", f"GPU driver {r.driver} here but {ref.driver} on {ref.node}")
         _compare_shared(r, ref)
     _judge_master_port(reports, probes, master_port)
+    _master_ifname(reports, probes)
 
 
 def _compare_shared(r: NodeReport, ref: NodeReport) -> None:
@@ -131,3 +132,17 @@ def _judge_master_port(reports: list[NodeReport], probes: dict[str, dict[str, An
 
 def _minor(version: str | None) -> str | None:
     return ".".join(version.split(".")[:2]) if version else None
+
+
+def _master_ifname(reports: list[NodeReport], probes: dict[str, dict[str, Any]]) -> None:
+    """When the master's own name resolves to loopback on the master itself, its probe
+    cannot tell its real interface; the address the other nodes resolved it to can."""
+    master = next(r for r in reports if r.is_master)
+    mine = probes.get(master.node, {}).get("addresses", {})
+    if master.ifname != "lo" or not mine:
+        return
+    for r in reports:
+        seen = probes.get(r.node, {}).get("route", {}).get("master_ip")
+        if not r.is_master and seen in mine and mine[seen] != "lo":
+            master.ifname = mine[seen]
+            return

@@ -110,6 +110,23 @@ def route_to(address):
     return ip, dev.group(1) if dev else None, src.group(1) if src else None
 
 
+def pick_ifname(addrs, own_ip, route_dev):
+    """The interface to bind collectives to (GLOO/NCCL_SOCKET_IFNAME).
+
+    The one holding this node's own address, when that is a real address here (on the
+    master, the route to itself says "lo"); else the one the route to the master uses.
+    A name that resolves to loopback on its own host (Debian's "127.0.1.1 hostname")
+    is the classic trap: gloo would listen where no other node can reach it."""
+    import ipaddress
+
+    own_dev = addrs.get(own_ip) if own_ip else None
+    if own_dev and not ipaddress.ip_address(own_ip).is_loopback:
+        return own_dev
+    if route_dev and route_dev != "lo":
+        return route_dev
+    return own_dev or route_dev
+
+
 def timed(fn, cap):
     """(result or error string, seconds), giving up waiting after `cap` seconds."""
     box = {}
@@ -258,9 +275,8 @@ def main():
     addrs = local_addresses()
     own = args.get("own_address")
     own_ip = route_to(own)[0] if own else None
-    # The interface to bind collectives to: the one holding this node's own address when
-    # it is local (on the master, the route to itself would say "lo"), else the route.
-    out["ifname"] = addrs.get(own_ip) or dev
+    out["ifname"] = pick_ifname(addrs, own_ip, dev)
+    out["addresses"] = addrs
     out["route"] = {"master_ip": ip, "dev": dev, "src": src}
     out["names"] = name_checks(master, args.get("dns_cap_s", 3.0))
     out["shared"] = [tree_digest(p, args.get("digest_limit", 20000)) for p in args.get("shared_paths", [])]
