@@ -82,7 +82,7 @@ def node_rows(store: Store, window_s: float = rules.WINDOW_S) -> list[dict[str, 
         ]  # fmt: skip
         medians = []
         for (n, rank), v in ranks.items():
-            times = [t for t, k in zip(v["step_time"], v["steps"]) if k]
+            times = [t for t, k in zip(v["step_time"], v["steps"]) if k and t is not None]
             if n == node and times:
                 medians.append((statistics.median(times), rank))
         row["fastest"] = min(medians) if medians else None

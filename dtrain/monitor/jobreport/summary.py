@@ -58,7 +58,7 @@ def summarize(store: Store, job: JobInfo) -> dict[str, Any]:
     total_wait = total_step = 0.0
     total_steps = total_samples = 0
     for (node, rank), s in sorted(ranks_s.items(), key=lambda kv: kv[0][1]):
-        idx = [i for i, k in enumerate(s["steps"]) if k]
+        idx = [i for i, k in enumerate(s["steps"]) if k and s["step_time"][i] is not None]
         steps = s["steps_total"][-1] or 0
         step_s, wait_s, samples = s["step_time_total"][-1] or 0.0, s["data_wait_total"][-1] or 0.0, s["samples_total"][-1] or 0
         ranks[str(rank)] = {
