@@ -51,6 +51,7 @@ def test_an_unreachable_host_is_named(netns_cluster, dtrain_cmd):
     res = check(dtrain_cmd, yaml, "--port", "29612", "--timeout", "15")
     assert res.returncode == ExitStatus.PREFLIGHT, res.stdout + res.stderr
     assert "ghost: cannot connect with ssh" in res.stdout
+    assert "is the host up, and reachable from this machine?" in res.stdout
     assert "preflight failed on 1 node(s): ghost" in res.stderr
 
 
@@ -132,3 +133,11 @@ def test_a_node_name_that_resolves_to_loopback_at_home_still_gets_its_real_inter
         res = check(dtrain_cmd, yaml, "--port", "29617", "--json")
     assert res.returncode == 0, res.stdout + res.stderr
     assert {n["node"]: n["ifname"] for n in json.loads(res.stdout)["nodes"]} == {"h1": "eth0", "h2": "eth0"}
+
+
+def test_a_host_that_refuses_our_key_gets_the_key_hint(netns_cluster, dtrain_cmd):
+    yaml = netns_cluster.cluster_yaml(2, extra="ssh_options: [PubkeyAuthentication=no]\n")
+    res = check(dtrain_cmd, yaml, "--port", "29618")
+    assert res.returncode == ExitStatus.PREFLIGHT
+    for h in ("h1", "h2"):
+        assert f"{h}: cannot connect with ssh to {h} (" in res.stdout and f"ssh-copy-id {h}" in res.stdout

@@ -160,8 +160,7 @@ def _parse(stdout: str, stderr: str, code: int, report: NodeReport, node: NodeSp
             return probe
     last = (stderr.strip().splitlines() or [""])[-1].strip()
     if node.transport == "ssh" and code == 255:
-        report.fail("ssh", f"cannot connect with ssh to {node.host} ({last or 'exit 255'}); "
-                           f"check that `ssh {node.host}` works without a password prompt")
+        report.fail("ssh", f"cannot connect with ssh to {node.host} ({last or 'exit 255'}); {_ssh_hint(last, node)}")
         return None
     report.reachable = True
     if code in (126, 127):
@@ -170,6 +169,25 @@ def _parse(stdout: str, stderr: str, code: int, report: NodeReport, node: NodeSp
         report.fail("python", f"the probe failed under {node.python} (exit {code}: {last or 'no output'}); "
                               "check that it is a working Python 3.8+ interpreter")
     return None
+
+
+# What the OpenSSH client says -> what to do about it. First match wins.
+SSH_HINTS = [
+    ("Permission denied", "set up key authentication for it (ssh-copy-id {host}), or name the key "
+                          "with IdentityFile in ~/.ssh/config"),
+    ("Host key verification failed", "connect once with `ssh {host}` to accept its host key"),
+    ("Could not resolve hostname", "check the name, or give it a HostName in ~/.ssh/config"),
+    ("Connection refused", "is sshd running on it, on the port ~/.ssh/config names?"),
+    ("No route to host", "is the host up, and reachable from this machine?"),
+    ("timed out", "is the host up, and reachable from this machine?"),
+]
+
+
+def _ssh_hint(stderr_line: str, node: NodeSpec) -> str:
+    for needle, hint in SSH_HINTS:
+        if needle in stderr_line:
+            return hint.format(host=node.host)
+    return f"check that `ssh {node.host}` works without a password prompt"
 
 
 def _missing_python(node: NodeSpec, detail: str) -> str:
