@@ -200,3 +200,13 @@ def test_a_diverged_loss_is_stored_as_a_gap(tmp_path):
     row = store.rank_series()[("a", 0)]
     assert row["loss"] == [None] and row["step_time"] == [None] and row["steps"] == [1]
     store.close()
+
+
+def test_dashboard_thins_long_histories_keeping_the_newest(stored_job, monkeypatch):
+    from dtrain.monitor.dashboard import server
+
+    monkeypatch.setattr(server, "MAX_POINTS", 100)
+    data = server.series(str(stored_job.dir), 0.0)
+    t = data["nodes"]["a"]["t"]
+    assert 50 <= len(t) <= 100 and t[-1] == T0 + N - 1 and t == sorted(t)
+    assert len(data["ranks"]["3"]["loss"]) == len(data["ranks"]["3"]["t"]) <= 100

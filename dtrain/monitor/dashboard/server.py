@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import socket
 import urllib.parse
 from collections import deque
@@ -27,6 +28,7 @@ STATIC = Path(__file__).parent / "static"
 TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
          ".html": "text/html; charset=utf-8"}  # fmt: skip
 MAX_LOG_LINES = 500
+MAX_POINTS = 2000  # per series and request: a day of 1 Hz samples is thinned for the first load
 
 
 def plotly_js() -> Path:
@@ -40,22 +42,32 @@ def plotly_js() -> Path:
     return path
 
 
+def _thin(columns: dict[str, list]) -> dict[str, list]:
+    """Every k-th sample so that at most MAX_POINTS remain (the newest is always kept)."""
+    n = len(columns["t"])
+    if n <= MAX_POINTS:
+        return columns
+    keep = list(range(n - 1, -1, -math.ceil(n / MAX_POINTS)))[::-1]
+    return {c: [v[i] for i in keep] for c, v in columns.items()}
+
+
 def series(job_id: str, since: float) -> dict[str, Any]:
     info = resolve(job_id)
     store = info.open()
     try:
         span = store.time_range()
-        nodes = store.node_series(since)
-        for s in nodes.values():
-            s.pop("detail", None)
+        nodes = {}
+        for node, cols in store.node_series(since).items():
+            cols.pop("detail", None)
+            nodes[node] = _thin(cols)
         return {
             "job": info.as_dict(),
             "last": span[1] if span else since,
             "first": span[0] if span else None,
             "states": store.nodes(),
             "nodes": nodes,
-            "gpus": {f"{n}/gpu{g}": s for (n, g), s in store.gpu_series(since).items()},
-            "ranks": {f"{r}": dict(s, node=n) for (n, r), s in store.rank_series(since).items()},
+            "gpus": {f"{n}/gpu{g}": _thin(s) for (n, g), s in store.gpu_series(since).items()},
+            "ranks": {f"{r}": dict(_thin(s), node=n) for (n, r), s in store.rank_series(since).items()},
             "findings": [f.as_dict() for f in rules.from_store(store)],
         }  # fmt: skip
     finally:
