@@ -43,6 +43,7 @@ def register(app: typer.Typer) -> None:
         dry_run: bool = typer.Option(False, "--dry-run", help="Print each node's command and env."),
         tf_config: bool = typer.Option(False, "--tf-config", help="Also export TF_CONFIG."),
         no_sync: bool = typer.Option(False, "--no-sync", help="Do not copy the working directory."),
+        no_monitor: bool = typer.Option(False, "--no-monitor", help="Do not start the node agents."),
     ) -> None:
         from dtrain.launch.cli_support import cluster_from, job_from, print_and_exit
         from dtrain.launch.launcher import start
@@ -53,6 +54,7 @@ def register(app: typer.Typer) -> None:
             job_file, words, name=name, nproc_per_node=nproc_per_node, rdzv=rdzv, nnodes=nnodes,
             max_restarts=max_restarts, port=port, hang_timeout=hang_timeout, env=env,
             tf_config=tf_config or None, sync="never" if no_sync else None,
+            monitor=False if no_monitor else None,
         )
         cluster = cluster_from(cluster_file, hosts)
         started = start(job, cluster, out=sys.stdout, run_preflight=not no_preflight,

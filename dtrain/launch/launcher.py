@@ -74,16 +74,22 @@ def start(
     plan = build_plan(job, cluster.nodes, job_id, head_cwd=head_cwd, ifnames=ifnames, gpus=gpus)
     directory = job_dir(job_id)
     registry.create(plan.name, [n.name for n in plan.nodes], plan.world_size, directory, job_id=job_id)
+    # This process answers for the job until a supervisor takes over: if it dies while
+    # preparing, readers mark the job failed instead of leaving it pending.
+    registry.set_supervisor(job_id, os.getpid())
     from dtrain.launch.prepare import prepare_nodes
     from dtrain.launch.supervisor import spawn, supervise, write_job_file
 
     write_job_file(directory, plan, cluster, job)
     try:
         prepare_nodes(plan, cluster, runners, job, out=out)
-    except Exception as exc:
+    except BaseException as exc:
         from dtrain.jobs.registry import JobState
 
-        registry.finish(job_id, JobState.FAILED, 1, f"preparing the nodes failed: {exc}".splitlines()[0])
+        if isinstance(exc, KeyboardInterrupt):
+            registry.finish(job_id, JobState.STOPPED, int(ExitStatus.INTERRUPTED), "interrupted while preparing")
+        else:
+            registry.finish(job_id, JobState.FAILED, 1, f"preparing the nodes failed: {exc}".splitlines()[0])
         raise
     if detach:
         pid = spawn(job_id, registry)

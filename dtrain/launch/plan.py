@@ -27,6 +27,8 @@ class NodeLaunch:
     env: dict[str, str]
     cwd: str | None
     scratch: str
+    agent_argv: list[str] = field(default_factory=list)  # the monitor's node agent, if on
+    agent_url: str = ""
 
 
 @dataclass
@@ -98,11 +100,23 @@ def build_plan(
             "--scratch", scratch, "--grace", str(job.grace), "--",
         ]
         env = _node_env(job, node, rank, nodes, addrs, job_id, scratch, ifnames.get(node.name))
-        plan.nodes.append(NodeLaunch(
+        launch = NodeLaunch(
             name=node.name, node_rank=rank, nproc=nproc, address=addrs[rank],
             argv=wrapper + torchrun, env=env, cwd=node.workdir or head_cwd, scratch=scratch,
-        ))
+        )
+        if job.monitor:
+            _add_agent(launch, job, node, job_id)
+        plan.nodes.append(launch)
     return plan
+
+
+def _add_agent(launch: NodeLaunch, job: JobSpec, node, job_id: str) -> None:
+    from dtrain.monitor.api import agent_argv, agent_env, agent_url
+
+    port = job.monitor_port + (launch.node_rank if node.is_local else 0)
+    launch.agent_argv = agent_argv(job_id, node.name, launch.address, port, node.python)
+    launch.agent_url = agent_url(launch.address, port)
+    launch.env.update(agent_env(port))
 
 
 def _rdzv_args(job: JobSpec, plan: LaunchPlan, rank: int, own_addr: str) -> list[str]:
@@ -156,6 +170,8 @@ def render(plan: LaunchPlan, local_argv: dict[str, list[str]] | None = None) -> 
         for key in sorted(n.env):
             lines.append(f"  env: {key}={shlex.quote(n.env[key])}")
         lines.append(f"  run: {shlex.join(n.argv)}")
+        if n.agent_argv:
+            lines.append(f"  agent: {shlex.join(n.agent_argv)}")
         if local_argv and n.name in local_argv:
             lines.append(f"  via: {shlex.join(local_argv[n.name])}")
     return "\n".join(lines)

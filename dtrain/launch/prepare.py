@@ -25,6 +25,7 @@ DEFAULT_IGNORE = {".git", "__pycache__", ".venv", "venv", ".mypy_cache", ".pytes
                   ".ruff_cache", "node_modules", ".ipynb_checkpoints", "runs", "wandb"}
 LARGE_TREE_BYTES = 200 * 1024 * 1024
 SETUP_TIMEOUT = 1800.0
+MARKER_PREFIX = ".dtrain-sync-"
 
 
 def files_to_sync(root: Path) -> list[str]:
@@ -34,16 +35,21 @@ def files_to_sync(root: Path) -> list[str]:
             ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
             capture_output=True, timeout=60, check=True,
         ).stdout
-        return sorted(p for p in out.decode().split("\0") if p and (root / p).is_file())
+        return sorted(p for p in out.decode().split("\0")
+                      if p and not _is_marker(p) and (root / p).is_file())
     except (OSError, subprocess.SubprocessError):
         pass
     files = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if d not in DEFAULT_IGNORE]
         for name in filenames:
-            if not name.endswith((".pyc", ".pyo")):
+            if not name.endswith((".pyc", ".pyo")) and not _is_marker(name):
                 files.append(os.path.relpath(os.path.join(dirpath, name), root))
     return sorted(files)
+
+
+def _is_marker(path: str) -> bool:
+    return os.path.basename(path).startswith(MARKER_PREFIX)
 
 
 def sees_marker(runner, workdir: str, marker: str) -> bool:
@@ -85,7 +91,7 @@ def copy_tree(runner, root: Path, files: list[str], workdir: str) -> None:
 
 def prepare_nodes(plan, cluster, runners: dict, job, *, out: TextIO) -> None:
     root = Path(os.getcwd())
-    marker = f".dtrain-sync-{plan.job_id}"
+    marker = f"{MARKER_PREFIX}{plan.job_id}"
     marker_path = root / marker
     if job.sync == "auto":
         try:

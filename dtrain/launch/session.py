@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from dtrain.launch.monitoring import Monitoring
 from dtrain.launch.node import MARK
 from dtrain.launch.plan import LaunchPlan
 from dtrain.launch.summary import NodeEnd, RootCause, root_cause
@@ -98,12 +99,14 @@ class JobSession:
         logs.mkdir(parents=True, exist_ok=True)
         self.combined = open(self.job_dir / "output.log", "a", buffering=1, encoding="utf-8")
         self.watchdog = Watchdog(self.plan.hang_timeout, self.clock(), [n.name for n in self.plan.nodes])
+        monitoring = Monitoring(self.plan, self.runners, self.job_dir, self._say).start()
         try:
             for launch in self.plan.nodes:
                 self._start(launch, logs)
             return self._loop()
         finally:
             self._kill_all()
+            monitoring.stop()
             for node in self.nodes.values():
                 node.log.close()
             self.combined.close()

@@ -36,6 +36,10 @@ class JobSpec(StrictModel):
     tf_config: bool = False
     hang_timeout: float = Field(600.0, gt=0)  # seconds without heartbeat or output
     grace: float = Field(5.0, ge=0)  # SIGTERM -> SIGKILL on the nodes when stopping
+    # The monitor's node agent on every node (+ the head collector); port per node, +rank
+    # for several local nodes on one machine.
+    monitor: bool = True
+    monitor_port: int = Field(9464, ge=1, le=65535)
 
     @field_validator("nnodes")
     @classmethod

@@ -1,0 +1,63 @@
+"""Start the monitor's node agents and head collector for a job, best effort.
+
+Monitoring must never stop a job from running: an agent that cannot start (port taken,
+old dtrain on the node) is reported in one line and the job goes on without it.
+The API comes from dtrain.monitor.api (owner: monitor).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+
+class Monitoring:
+    def __init__(self, plan, runners: dict, job_dir: Path, say: Callable[[str], None]) -> None:
+        self.plan = plan
+        self.runners = runners
+        self.job_dir = Path(job_dir)
+        self.say = say
+        self.agents: list[tuple[str, subprocess.Popen]] = []
+        self.collector = None
+
+    def start(self) -> Monitoring:
+        endpoints = {}
+        logs = self.job_dir / "logs"
+        for node in self.plan.nodes:
+            if not node.agent_argv:
+                continue
+            try:
+                with open(logs / f"{node.name}.agent.log", "ab") as log:
+                    proc = self.runners[node.name].popen(
+                        node.agent_argv, env=None, cwd=node.cwd, stdin=subprocess.PIPE,
+                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    )
+            except OSError as exc:
+                self.say(f"[dtrain] monitoring: no agent on {node.name}: {exc}")
+                continue
+            self.agents.append((node.name, proc))
+            endpoints[node.name] = node.agent_url
+        if endpoints:
+            try:
+                from dtrain.monitor.collector import Collector
+
+                self.collector = Collector(self.job_dir, endpoints).start()
+            except Exception as exc:  # monitoring is optional; the job is not
+                self.say(f"[dtrain] monitoring: collector not started: {exc}")
+        return self
+
+    def stop(self) -> None:
+        if self.collector is not None:
+            with contextlib.suppress(Exception):
+                self.collector.stop()
+        for _, proc in self.agents:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()  # the agent exits when its stdin closes
+        for _, proc in self.agents:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

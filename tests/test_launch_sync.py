@@ -1,0 +1,71 @@
+"""Code sync and setup commands before a launch (local runner: the tar-stream path)."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+
+import pytest
+
+from dtrain.cluster.runner import runner_for
+from dtrain.cluster.spec import ClusterSpec
+from dtrain.errors import DtrainError
+from dtrain.launch.plan import build_plan
+from dtrain.launch.prepare import files_to_sync, prepare_nodes
+from dtrain.launch.spec import JobSpec
+
+
+def _project(root):
+    (root / "pkg").mkdir(parents=True)
+    (root / "train.py").write_text("print('hi')\n")
+    (root / "pkg" / "util.py").write_text("X = 1\n")
+    (root / "big.bin").write_bytes(b"0" * 1000)
+    (root / ".gitignore").write_text("big.bin\n")
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    subprocess.run(["git", "-C", str(root), "add", "train.py", ".gitignore"], check=True)
+    return root
+
+
+def _prepare(tmp_path, monkeypatch, nodes, job=None):
+    proj = _project(tmp_path / "proj")
+    monkeypatch.chdir(proj)
+    cluster = ClusterSpec.model_validate({"nodes": nodes})
+    job = job or JobSpec(command=["python", "train.py"])
+    plan = build_plan(job, cluster.nodes, "J", head_cwd=str(proj))
+    out = io.StringIO()
+    runners = {n.name: runner_for(n, cluster) for n in cluster.nodes}
+    prepare_nodes(plan, cluster, runners, job, out=out)
+    return proj, out.getvalue()
+
+
+def test_git_files_respect_gitignore(tmp_path):
+    proj = _project(tmp_path / "p")
+    # tracked + untracked-but-not-ignored, never the ignored file
+    assert files_to_sync(proj) == [".gitignore", "pkg/util.py", "train.py"]
+
+
+def test_copies_to_a_node_that_does_not_see_the_directory(tmp_path, monkeypatch):
+    remote = tmp_path / "remote"
+    proj, out = _prepare(tmp_path, monkeypatch, [
+        {"name": "same", "host": "local"},
+        {"name": "other", "host": "local", "workdir": str(remote),
+         "setup": ["echo ready > setup-ran.txt"]},
+    ])
+    assert (remote / "train.py").read_text() == "print('hi')\n" and (remote / "pkg" / "util.py").exists()
+    assert not (remote / "big.bin").exists()
+    assert (remote / "setup-ran.txt").read_text() == "ready\n"  # setup runs in the node's workdir
+    assert "code copied to other (3 files)" in out
+    assert not list(proj.glob(".dtrain-sync-*")), "the marker is removed afterwards"
+
+
+def test_shared_directory_is_not_copied_and_never_sync_is_honoured(tmp_path, monkeypatch):
+    remote = tmp_path / "remote"
+    _, out = _prepare(tmp_path, monkeypatch, [{"name": "other", "host": "local", "workdir": str(remote)}],
+                      job=JobSpec(command=["python", "train.py"], sync="never"))
+    assert not remote.exists() and out == ""
+
+
+def test_failing_setup_names_the_node(tmp_path, monkeypatch):
+    with pytest.raises(DtrainError, match="setup command 'exit 3' failed on n2 \\(exit 3\\)"):
+        _prepare(tmp_path, monkeypatch, [{"name": "n1", "host": "local"},
+                                         {"name": "n2", "host": "local", "setup": ["exit 3"]}])
