@@ -8,7 +8,8 @@
    the checkpoint: verdict agreement, largest |P(defect)| difference, and its miss
    rate at that threshold. One that misses more than the target stops the export:
    nothing is published.
-4. Each candidate is timed at the serving batch size; the fastest is preferred.
+4. Each candidate is timed at the serving batch size; the fastest of those that
+   reproduce >= 99.5 % of the checkpoint's validation verdicts is preferred.
 Everything is written to a temporary sibling of OUT and renamed into place at the end.
 """
 
@@ -26,7 +27,7 @@ from pydantic import Field
 from dtrain.configio import StrictModel
 from dtrain.errors import DtrainError
 from dtrain.serve import backends as B
-from dtrain.serve.model_dir import ModelCard, Preprocessing, publish, staging_dir, write_card
+from dtrain.serve.model_dir import ModelCard, Preprocessing, Verification, publish, staging_dir, write_card
 from dtrain.serve.verify import ValData, load_val, reference_logits, verify_backend
 
 Step = Callable[[str], None]
@@ -40,6 +41,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
 # Backends each --quantize adds to the fp32 ones.
 QUANTIZED: dict[str, tuple[str, ...]] = {"none": (), "int8": ("ort-int8",), "bf16": ("torch-bf16",)}
 FP32_BACKENDS = ("ort-fp32", "torch-eager", "torch-compile")
+PREFER_MIN_AGREEMENT = 0.995
 
 
 class ExportOptions(StrictModel):
@@ -99,7 +101,7 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
             throughput[name] = round(B.measure(run, _batch_of(val.images, opts.batch), min_seconds=opts.measure_seconds), 1)
         if not throughput:
             raise DtrainError("no backend could be verified for this export", f"candidates were: {', '.join(candidates)}")
-        preferred = max(throughput, key=throughput.__getitem__)
+        preferred = _prefer(throughput, verification)
         card = ModelCard(
             dtrain_version=__version__,
             arch=meta["config"]["model"]["arch"],
@@ -206,6 +208,16 @@ def _refuse_if_worse(name: str, report, opts: ExportOptions, threshold: float) -
             "export without this quantisation (--quantize none), or calibrate int8 on more or more representative "
             "training images (--calibration)",
         )
+
+
+def _prefer(throughput: dict[str, float], verification: dict[str, Verification]) -> str:
+    """The fastest backend among those that reproduce the checkpoint's validation
+    verdicts (a faster one that flips more of them is kept in the directory, not
+    preferred); without any such, the most faithful."""
+    faithful = [n for n in throughput if verification[n].verdict_agreement >= PREFER_MIN_AGREEMENT]
+    if faithful:
+        return max(faithful, key=throughput.__getitem__)
+    return max(throughput, key=lambda n: (verification[n].verdict_agreement, throughput[n]))
 
 
 def _batch_of(images: np.ndarray, n: int) -> np.ndarray:
