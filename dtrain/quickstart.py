@@ -29,6 +29,8 @@ from dtrain.errors import DtrainError
 IMAGES = 6000
 IMAGE_SIZE = 64
 SEED = 0
+# The synthesiser's knob: 0 = bold defects only, 1 = many faint and small ones.
+DIFFICULTY = 0.5
 EPOCHS = 6
 TARGET_MISS_RATE = 0.005
 TRAIN = {
@@ -50,6 +52,7 @@ class QuickstartOptions:
     nproc: int | None = None
     image_size: int = IMAGE_SIZE
     seed: int = SEED
+    difficulty: float = DIFFICULTY
     target_miss_rate: float = TARGET_MISS_RATE
 
 
@@ -64,27 +67,22 @@ def train_config(opts: QuickstartOptions, data_dir: Path, output_dir: Path) -> d
     }
 
 
-def ensure_data(data_dir: Path, images: int, size: int, seed: int, stream: TextIO) -> dict[str, Any]:
-    """Synthesise the data set unless one with the same recipe is already there."""
+def ensure_data(data_dir: Path, opts: QuickstartOptions, images: int, stream: TextIO) -> dict[str, Any]:
+    """Synthesise the data set unless one made with the same settings is already there."""
     from dtrain.data.synth import synthesize
 
+    wanted = {"images": images, "size": opts.image_size, "seed": opts.seed, "difficulty": opts.difficulty}
     manifest_path = data_dir / "manifest.json"
     if manifest_path.is_file():
         manifest = json.loads(manifest_path.read_text())
-        if _manifest_matches(manifest, images, size, seed):
-            print(f"data: reusing {data_dir} ({images} images, {size} px, seed {seed})", file=stream)
+        if all(manifest.get(k) == v for k, v in wanted.items()):
+            print(f"data: reusing {data_dir} ({images} images, {opts.image_size} px)", file=stream)
             return manifest
-        print(f"data: {data_dir} was made with other settings; synthesising again", file=stream)
-        shutil.rmtree(data_dir)
-    print(f"data: synthesising {images} images of {size} px into {data_dir}", file=stream)
+        print(f"data: {data_dir} was made with other settings; synthesising it again", file=stream)
+    print(f"data: synthesising {images} images of {opts.image_size} px into {data_dir}", file=stream)
     with _bar(stream, "synthesise", images) as advance:
-        synthesize(data_dir, images=images, size=size, seed=seed, progress=advance)
-    return json.loads(manifest_path.read_text())
-
-
-def _manifest_matches(manifest: dict[str, Any], images: int, size: int, seed: int) -> bool:
-    total = manifest.get("images", manifest.get("total"))
-    return manifest.get("seed") == seed and manifest.get("size") == size and total == images
+        return synthesize(data_dir, images=images, size=opts.image_size, seed=opts.seed, progress=advance,
+                          difficulty=opts.difficulty, force=True)
 
 
 class _bar:
@@ -110,14 +108,14 @@ def run_quickstart(opts: QuickstartOptions, stream: TextIO = sys.stdout) -> dict
     """Run the recipe; returns the report dict also written to WORKDIR/report.json."""
     from dtrain.inspect.evaluate import evaluate
     from dtrain.inspect.report import write_report
-    from dtrain.train.launch_local import default_nproc, launch_local
+    from dtrain.train.launch import default_nproc, launch_local
 
     t0 = time.perf_counter()
     workdir = Path(opts.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     images = opts.images or IMAGES
     data_dir, train_dir, eval_dir = workdir / "data", workdir / "train", workdir / "eval"
-    ensure_data(data_dir, images, opts.image_size, opts.seed, stream)
+    ensure_data(data_dir, opts, images, stream)
     t_data = time.perf_counter() - t0
 
     cfg_dict = train_config(opts, data_dir, train_dir)
@@ -128,7 +126,7 @@ def run_quickstart(opts: QuickstartOptions, stream: TextIO = sys.stdout) -> dict
     nproc = opts.nproc or default_nproc()
     print(f"train: {nproc} DDP processes, config {cfg_path}", file=stream)
     t1 = time.perf_counter()
-    launch_local(str(cfg_path), nproc=nproc, overrides=[])
+    launch_local(str(cfg_path), [], False, nproc)
     train_time = time.perf_counter() - t1
     checkpoint = train_dir / "checkpoints" / "last.pt"
     if not checkpoint.is_file():

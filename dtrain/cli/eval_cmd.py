@@ -94,11 +94,14 @@ def quickstart_command(
     images: int | None = typer.Option(None, "--images", min=60, help="Images to synthesise [default: the tuned recipe's]."),
     epochs: int | None = typer.Option(None, "--epochs", min=1, help="Training epochs [default: the tuned recipe's]."),
     nproc: int | None = typer.Option(None, "--nproc", min=1, help="DDP processes [default: one per GPU, else 2 (capped by cores)]."),
+    image_size: int | None = typer.Option(None, "--image-size", min=16, max=512, help="Image side in pixels [default: the recipe's]."),
 ) -> None:
     """The whole recipe on this machine: synthesise data, train with DDP, evaluate, write report.json + report.html."""
     from dtrain.quickstart import QuickstartOptions, run_quickstart
 
     options = QuickstartOptions(workdir=workdir, images=images, epochs=epochs, nproc=nproc)
+    if image_size is not None:
+        options.image_size = image_size
     result = run_quickstart(options, stream=sys.stdout)
     from rich.console import Console
 

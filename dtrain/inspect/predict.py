@@ -42,8 +42,8 @@ def _collate(batch: Sequence[tuple[int, tuple[torch.Tensor, int] | None]]):
     if not kept:
         return len(batch), None, None, None
     idx = torch.tensor([i for i, _ in kept], dtype=torch.int64)
-    images = torch.stack([s[0] for s in kept])
-    labels = torch.tensor([int(s[1]) for s in kept], dtype=torch.int64)
+    images = torch.stack([s[0] for _, s in kept])
+    labels = torch.tensor([int(s[1]) for _, s in kept], dtype=torch.int64)
     return len(batch), idx, images, labels
 
 

@@ -1,0 +1,35 @@
+"""`dtrain quickstart` end to end with tiny settings: real synthesis, real 2-rank DDP
+(gloo, through the elastic launcher), real evaluation and report. Checks the report's
+shape and the world size, not the accuracy (that is the full recipe's job)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+DESIGN_KEYS = {"classes", "accuracy", "miss_rate", "miss_rate_upper95", "false_alarm_rate", "threshold",
+               "per_class", "confusion_matrix", "n_images"}
+
+
+def test_quickstart_tiny(tmp_path, dtrain_cmd):
+    work = tmp_path / "qs"
+    argv = [*dtrain_cmd, "quickstart", "--workdir", str(work), "--images", "300", "--epochs", "1", "--image-size", "32", "--nproc", "2"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    report = json.loads((work / "report.json").read_text())
+    assert DESIGN_KEYS | {"world_size", "train_time_s", "train_images_per_s", "config", "warnings"} <= set(report)
+    assert report["world_size"] == 2
+    assert report["negative_class"] == "ok" and len(report["classes"]) == 6
+    assert report["n_images"] == sum(sum(row) for row in report["confusion_matrix"])
+    assert report["config"]["epochs"] == 1
+    # 300 images leave far fewer than 598 defective test images: the report says so.
+    assert any("598" in w for w in report["warnings"])
+    page = (work / "report.html").read_text()
+    assert "data:image/png;base64," in page and "DDP world size" in page
+    assert (work / "train.yaml").is_file() and (work / "eval" / "evaluation.json").is_file()
+    assert "report:" in proc.stdout
+
+    # A second run reuses the data set rather than synthesising it again.
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "data: reusing" in again.stdout
