@@ -4,11 +4,11 @@ named with what to fix, and the exit status is the preflight one."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -19,12 +19,7 @@ pytestmark = pytest.mark.netns
 
 def check(dtrain_cmd, cluster_yaml, *args, timeout=60):
     return subprocess.run([*dtrain_cmd, "check", str(cluster_yaml), *args], capture_output=True, text=True,
-                          timeout=timeout, env={**_env(), "COLUMNS": "200"})
-
-
-def _env():
-    import os
-    return dict(os.environ)
+                          timeout=timeout, env={**os.environ, "COLUMNS": "200"})
 
 
 def test_two_healthy_hosts_pass_and_name_the_interface_to_the_master(netns_cluster, dtrain_cmd, tmp_path):
