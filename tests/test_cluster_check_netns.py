@@ -1,5 +1,6 @@
 """`dtrain check` across namespace hosts: a healthy cluster passes; each broken node is
-named with what to fix, and the exit status is the preflight one."""
+named with what to fix, and the exit status is the preflight one. `dtrain run` on the
+same broken clusters stops at the same checks and launches nothing."""
 
 from __future__ import annotations
 
@@ -22,6 +23,17 @@ def check(dtrain_cmd, cluster_yaml, *args, timeout=60):
                           timeout=timeout, env={**os.environ, "COLUMNS": "200"})
 
 
+def run_is_refused(dtrain_cmd, netns_cluster, cluster_yaml, port, node, dtrain_home):
+    """`dtrain run` on the same cluster stops at preflight, names the node, starts nothing."""
+    res = subprocess.run([*dtrain_cmd, "run", str(cluster_yaml), "--port", str(port), "--", "python", "-c", "pass"],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert res.returncode == ExitStatus.PREFLIGHT, res.stdout + res.stderr
+    assert f"{node}: " in res.stderr and "nothing was launched" in res.stderr
+    assert not list((dtrain_home / "jobs").glob("*/job.json"))
+    for h in netns_cluster.hosts:
+        assert not [c for _, c in netns_cluster.processes(h) if "torch.distributed.run" in c]
+
+
 def test_two_healthy_hosts_pass_and_name_the_interface_to_the_master(netns_cluster, dtrain_cmd, tmp_path):
     shared = tmp_path / "shared"
     (shared / "a").mkdir(parents=True)
@@ -40,7 +52,7 @@ def test_two_healthy_hosts_pass_and_name_the_interface_to_the_master(netns_clust
     assert report["nodes"][1]["shared"][0]["digest"] == report["nodes"][0]["shared"][0]["digest"]
 
 
-def test_an_unreachable_host_is_named(netns_cluster, dtrain_cmd):
+def test_an_unreachable_host_is_named(netns_cluster, dtrain_cmd, dtrain_home):
     ghost = netns_cluster.hosts[0].address.rsplit(".", 1)[0] + ".77"  # on the bridge, nobody there
     yaml = netns_cluster.cluster_yaml(2, extra=f"  - {{name: ghost, host: '{ghost}'}}\n")
     res = check(dtrain_cmd, yaml, "--port", "29612", "--timeout", "15")
@@ -48,17 +60,19 @@ def test_an_unreachable_host_is_named(netns_cluster, dtrain_cmd):
     assert "ghost: cannot connect with ssh" in res.stdout
     assert "is the host up, and reachable from this machine?" in res.stdout
     assert "preflight failed on 1 node(s): ghost" in res.stderr
+    run_is_refused(dtrain_cmd, netns_cluster, yaml, 29612, "ghost", dtrain_home)
 
 
-def test_a_wrong_python_path_is_named(netns_cluster, dtrain_cmd):
+def test_a_wrong_python_path_is_named(netns_cluster, dtrain_cmd, dtrain_home):
     yaml = netns_cluster.cluster_yaml(2, node_extra={"h2": "    python: /opt/nowhere/bin/python3"})
     res = check(dtrain_cmd, yaml, "--port", "29613")
     assert res.returncode == ExitStatus.PREFLIGHT, res.stdout + res.stderr
     assert "h2: python '/opt/nowhere/bin/python3' not found" in res.stdout
     assert "failed on 1 node(s): h2" in res.stderr
+    run_is_refused(dtrain_cmd, netns_cluster, yaml, 29613, "h2", dtrain_home)
 
 
-def test_a_torch_version_mismatch_is_named(netns_cluster, dtrain_cmd, tmp_path):
+def test_a_torch_version_mismatch_is_named(netns_cluster, dtrain_cmd, dtrain_home, tmp_path):
     # A node whose interpreter finds another torch first, as when an old install shadows
     # the new one: a package `torch` whose version.py says 2.3.0, ahead on sys.path.
     fake = tmp_path / "old-site" / "torch"
@@ -77,9 +91,10 @@ def test_a_torch_version_mismatch_is_named(netns_cluster, dtrain_cmd, tmp_path):
     res = check(dtrain_cmd, yaml, "--port", "29614")
     assert res.returncode == ExitStatus.PREFLIGHT, res.stdout + res.stderr
     assert "h2: torch 2.3.0+cu121 here but" in res.stdout and "on h1" in res.stdout
+    run_is_refused(dtrain_cmd, netns_cluster, yaml, 29614, "h2", dtrain_home)
 
 
-def test_a_blocked_master_port_is_named_with_its_holder(netns_cluster, dtrain_cmd):
+def test_a_blocked_master_port_is_named_with_its_holder(netns_cluster, dtrain_cmd, dtrain_home):
     port = 29615
     blocker = netns_cluster.popen("h1", [sys.executable, "-c", textwrap.dedent(f"""
         import socket, sys, time
@@ -93,6 +108,7 @@ def test_a_blocked_master_port_is_named_with_its_holder(netns_cluster, dtrain_cm
         assert f"h1: master port {port} is already in use by python" in res.stdout
         assert f"(pid {blocker.pid})" in res.stdout
         assert "failed on 1 node(s): h1" in res.stderr
+        run_is_refused(dtrain_cmd, netns_cluster, yaml, port, "h1", dtrain_home)
     finally:
         blocker.kill()
         blocker.wait()
