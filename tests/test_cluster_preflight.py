@@ -44,7 +44,7 @@ def test_gpus_promised_but_absent_and_missing_shared_paths_fail(tmp_path):
     if (report.nodes[0].gpus or 0) >= 2:
         pytest.skip("this machine has 2 GPUs")
     assert not report.ok
-    assert any("says 2 GPU(s) but 0 were found" in line for line in report.failures)
+    assert any("says 2 GPU(s) but 0 answered" in line for line in report.failures)
     assert f"local: shared path {missing} does not exist here; mount the shared storage" in report.failures
 
 
@@ -124,3 +124,35 @@ def test_cross_node_mismatches_land_on_the_node_that_differs():
     judge_cluster(reports, probes, master_port=29500)
     by_node = {r.node: sorted(f.check for f in r.findings if f.level == "fail") for r in reports}
     assert by_node == {"m": [], "a": ["python", "shared"], "b": ["port", "torch"]}
+
+
+def fake_nvidia_smi(bindir, driver, n):
+    # What `nvidia-smi --query-gpu=name,driver_version --format=csv,noheader` prints.
+    bindir.mkdir()
+    rows = "".join(f"NVIDIA A10, {driver}\\n" for _ in range(n))
+    (bindir / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '{rows}'\n")
+    (bindir / "nvidia-smi").chmod(0o755)
+    return f"{bindir}:/usr/local/bin:/usr/bin:/bin"
+
+
+def test_gpus_and_drivers_are_read_from_nvidia_smi_and_compared(tmp_path):
+    import os
+
+    path0 = fake_nvidia_smi(tmp_path / "b0", "550.54.15", 2)
+    path1 = fake_nvidia_smi(tmp_path / "b1", "535.104.05", 1)
+    # NVML cannot start without a driver, so the probe falls back to nvidia-smi, as on
+    # a node whose Python lacks nvidia-ml-py.
+    cluster = ClusterSpec.model_validate({"nodes": [
+        {"name": "a", "python": sys.executable, "env": {"PATH": path0}},
+        {"name": "b", "python": sys.executable, "env": {"PATH": path1}, "gpus": 2},
+    ]})
+    if os.path.exists("/dev/nvidiactl"):
+        pytest.skip("a real NVIDIA driver answers NVML here")
+    report = run_preflight(cluster, master_port=free_port(), timeout=30)
+    a, b = report.nodes
+    assert (a.gpus, a.gpu_names, a.driver) == (2, ["NVIDIA A10"] * 2, "550.54.15")
+    assert (b.gpus, b.driver) == (1, "535.104.05")
+    assert report.gpus == {"a": 2, "b": 1}
+    assert report.failures == ["b: cluster.yaml says 2 GPU(s) but 1 answered; check the driver (nvidia-smi) "
+                               "or lower gpus:"]
+    assert report.warnings == ["b: GPU driver 535.104.05 here but 550.54.15 on a"]

@@ -39,7 +39,7 @@ def judge_node(report: NodeReport, probe: dict[str, Any], node: NodeSpec, *, mas
         report.fail("torch", f"torch is not installed for {probe.get('python') or node.python}; install it there "
                              "or set python: in cluster.yaml to an interpreter that has it")
     if node.gpus is not None and (probe.get("gpus") or 0) < node.gpus:
-        report.fail("gpus", f"cluster.yaml says {node.gpus} GPU(s) but {probe.get('gpus') or 0} were found"
+        report.fail("gpus", f"cluster.yaml says {node.gpus} GPU(s) but {probe.get('gpus') or 0} answered"
                             f"{': ' + probe['gpu_error'] if probe.get('gpu_error') else ''}; "
                             "check the driver (nvidia-smi) or lower gpus:")
     elif probe.get("gpu_error"):
