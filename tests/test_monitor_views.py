@@ -210,3 +210,27 @@ def test_dashboard_thins_long_histories_keeping_the_newest(stored_job, monkeypat
     t = data["nodes"]["a"]["t"]
     assert 50 <= len(t) <= 100 and t[-1] == T0 + N - 1 and t == sorted(t)
     assert len(data["ranks"]["3"]["loss"]) == len(data["ranks"]["3"]["t"]) <= 100
+
+
+def test_dashboard_command_serves_on_loopback(stored_job, dtrain_home, dtrain_cmd):
+    import shutil
+    import subprocess
+    import urllib.request
+
+    shutil.copytree(stored_job.dir, dtrain_home / "jobs" / stored_job.id)
+    proc = subprocess.Popen([*dtrain_cmd, "dashboard", "--port", "0"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("dtrain dashboard on http://127.0.0.1:"), line
+        url = line.split()[3]
+        page = urllib.request.urlopen(url, timeout=10).read().decode()
+        assert "/static/plotly.min.js" in page and "/static/app.js" in page
+        jobs = json.loads(urllib.request.urlopen(url + "api/jobs", timeout=10).read())
+        assert [j["id"] for j in jobs] == [stored_job.id]
+        taken = subprocess.run([*dtrain_cmd, "dashboard", "--port", url.rsplit(":", 1)[1].strip("/")],
+                                 capture_output=True, text=True, timeout=60)
+        assert taken.returncode != 0 and "cannot listen on 127.0.0.1" in taken.stderr
+        assert "Traceback" not in taken.stderr
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
