@@ -49,7 +49,7 @@ N_HOSTS = 3
 SSHD = "/usr/sbin/sshd"
 NETNS_ETC = Path("/etc/netns")
 LOCK = Path("/run/dtrain-netns.lock")
-_STALE = re.compile(r"^dt(\d+)(?:h\d+|br|v\d+)$")
+_STALE = re.compile(r"^dt(\d+)(?:h\d+|br|v\d+|probe)$")
 
 
 @dataclass(frozen=True)
@@ -290,6 +290,15 @@ def build(n_hosts: int = N_HOSTS) -> NetnsCluster:
                            identity=tmp / "id_ed25519", tmpdir=tmp, bridge=bridge)
     atexit.register(teardown, cluster)
     cluster._teardown.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
+    try:
+        _populate(cluster, n_hosts, pid, tmp, bridge)
+    except BaseException:
+        teardown(cluster)  # a half-built cluster leaves nothing behind either
+        raise
+    return cluster
+
+
+def _populate(cluster: NetnsCluster, n_hosts: int, pid: int, tmp: Path, bridge: str) -> None:
     for key in ("host_key", "id_ed25519"):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "dtrain-test", "-f", str(tmp / key)],
                        check=True, capture_output=True, timeout=30)
@@ -325,7 +334,8 @@ def build(n_hosts: int = N_HOSTS) -> NetnsCluster:
         (NETNS_ETC / h.netns).mkdir(parents=True, exist_ok=True)
         (NETNS_ETC / h.netns / "hosts").write_text(hosts_text)
         # Its own copy, so a test can give one host a stalling resolver (edit_etc).
-        (NETNS_ETC / h.netns / "resolv.conf").write_text(Path("/etc/resolv.conf").read_text())
+        resolv = Path("/etc/resolv.conf")
+        (NETNS_ETC / h.netns / "resolv.conf").write_text(resolv.read_text() if resolv.exists() else "")
 
     _ssh_config(tmp, cluster.hosts, prefix)
     for h in cluster.hosts:
@@ -339,7 +349,6 @@ def build(n_hosts: int = N_HOSTS) -> NetnsCluster:
         if not _wait_port(h.address, 22, timeout=15):
             log = (tmp / f"sshd-{h.name}.log").read_text()
             raise RuntimeError(f"sshd on {h.name} ({h.address}) did not come up:\n{log}")
-    return cluster
 
 
 def teardown(cluster: NetnsCluster) -> None:
