@@ -57,13 +57,12 @@ def run_preflight(cluster: ClusterSpec, *, master_port: int = DEFAULT_PORT, time
                 probe = _probe_holding(runner, argv, report, node, timeout, others_done, clock)
             else:
                 probe = _probe(runner, argv, report, node, timeout, clock)
+            if probe is not None:
+                checks.judge_node(report, probe, node, master=master, master_port=master_port)
+                probes[node.name] = probe
         except Exception as exc:  # a bug or an odd node must not take the whole check down
             report.fail("ssh", f"the check itself failed: {type(exc).__name__}: {exc}")
-            probe = None
         report.seconds = round(time.monotonic() - started, 2)
-        if probe is not None:
-            probes[node.name] = probe
-            checks.judge_node(report, probe, node, master=master, master_port=master_port)
 
     status = out.status("checking nodes...") if out is not None else None
     if status:
