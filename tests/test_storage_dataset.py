@@ -1,0 +1,109 @@
+"""The shard dataset in one process: identical samples to the local folder (through the
+trainer's per-sample seeding), batched fetches from S3, the bounded node-local cache,
+unreadable images, and store addresses."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from dtrain.data.config import DataConfig
+from dtrain.data.datasets import collate_skip_bad, open_split
+from dtrain.data.shard_push import parse_size, push
+from dtrain.data.storage import open_store, redact
+from dtrain.errors import DtrainError
+from dtrain.train.loaders import SeededSamples
+
+
+@pytest.fixture(scope="module")
+def s3_shards(synth_data, s3_server):
+    """The train split of synth_data pushed to a fresh bucket; yields the address."""
+    import os
+
+    saved = {k: os.environ.get(k) for k in s3_server.env()}
+    os.environ.update(s3_server.env())
+    bucket = s3_server.new_bucket()
+    dest = f"s3://{bucket}/defects"
+    push(DataConfig(root=str(synth_data)), open_store(dest), parse_size("64kB"), splits=["train"])
+    yield dest
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def test_s3_shards_give_the_local_samples_bit_for_bit(synth_data, s3_shards, tmp_path):
+    local = open_split(DataConfig(root=str(synth_data), image_size=32), "train", train=True)
+    remote = open_split(DataConfig(root=s3_shards, image_size=32, cache_dir=str(tmp_path)), "train", train=True)
+    assert (len(remote), remote.classes, remote.negative_index) == (len(local), local.classes, local.negative_index)
+    assert remote.targets == local.targets
+    assert [p.replace("\\", "/") for p in remote.paths] == [
+        str(__import__("pathlib").Path(p).relative_to(synth_data)) for p in local.paths
+    ]
+    a, b = SeededSamples(local, seed=5), SeededSamples(remote, seed=5)
+    keys = [(1, i) for i in range(len(local))]
+    for start in range(0, len(keys), 32):  # batched I/O, as a DataLoader worker calls it
+        batch = keys[start:start + 32]
+        for (img_a, y_a), (img_b, y_b) in zip(a.__getitems__(batch), b.__getitems__(batch)):
+            assert torch.equal(img_a, img_b) and y_a == y_b
+    # single items too, and augmentation really is on (another epoch, other pixels)
+    assert torch.equal(a[(1, 3)][0], b[(1, 3)][0]) and not torch.equal(b[(1, 3)][0], b[(2, 3)][0])
+
+
+def test_remote_shards_fill_a_bounded_local_cache(s3_shards, tmp_path):
+    ds = open_split(DataConfig(root=s3_shards, image_size=32, cache_dir=str(tmp_path)), "train", train=False)
+    total = sum(ds.shard_bytes)
+    with ds.batch_io(range(len(ds))):  # touches every shard once
+        pass
+    deadline = time.monotonic() + 60
+    while ds.cache.usage() < total and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ds.cache.usage() == total
+    assert all(ds.cache.get(name) for name in ds.shards)
+    first = ds[0]
+    assert first is not None and first[0].shape == (3, 32, 32)
+
+    # A limit of ~3 shards: the cache never grows past it, reads still succeed.
+    limit_gb = 3.2 * max(ds.shard_bytes) / 1e9
+    small = open_split(DataConfig(root=s3_shards, image_size=32, cache_dir=str(tmp_path / "small"),
+                                  cache_limit_gb=limit_gb), "train", train=False)
+    for start in range(0, len(small), 40):
+        batch = small.__getitems__(list(range(start, min(start + 40, len(small)))))
+        assert all(item is not None for item in batch)
+        time.sleep(0.3)
+    time.sleep(2)
+    assert 0 < small.cache.usage() <= limit_gb * 1e9
+
+
+def test_unreadable_image_in_a_shard_is_skipped(tmp_path):
+    from PIL import Image
+
+    src = tmp_path / "src"
+    for cls in ("ok", "scratch"):
+        (src / "train" / cls).mkdir(parents=True)
+        for i in range(4):
+            Image.new("RGB", (20, 20), (i * 40, 80, 120)).save(src / "train" / cls / f"{cls}_{i}.png")
+    (src / "train" / "scratch" / "scratch_9.png").write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
+    push(DataConfig(root=str(src)), open_store(str(tmp_path / "dest")), parse_size("1MB"))
+    ds = open_split(DataConfig(root=str(tmp_path / "dest"), layout="shards", image_size=16), "train", train=False)
+    loader = DataLoader(ds, batch_size=4, num_workers=1, collate_fn=collate_skip_bad)
+    images = sum(x.shape[0] for x, _ in loader)
+    assert images == len(ds) - 1 == 8
+    assert any(ds[i] is None for i in range(len(ds)))
+    assert ds.bad_files == ["train/scratch/scratch_9.png"]
+
+
+def test_addresses_and_their_errors(s3_shards, tmp_path):
+    with pytest.raises(DtrainError, match="no split 'nope'"):
+        open_split(DataConfig(root=s3_shards), "nope", train=False)
+    with pytest.raises(DtrainError, match="no pushed data set"):
+        open_split(DataConfig(root=str(tmp_path), layout="shards"), "train", train=False)
+    assert redact("s3://AKIA:secret@bucket/p") == "s3://bucket/p"
+    store = open_store(str(tmp_path / "a" / "b"))
+    store.write_bytes("x/y.bin", b"12345")
+    assert store.read_ranges(["x/y.bin"], [1], [4]) == [b"234"] and store.list_sizes("x") == {"x/y.bin": 5}
+    assert not list((tmp_path / "a" / "b" / "x").glob("*.tmp-*"))
