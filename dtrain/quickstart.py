@@ -31,12 +31,17 @@ IMAGE_SIZE = 64
 SEED = 0
 # The synthesiser's knob: 0 = bold defects only, 1 = many faint and small ones.
 DIFFICULTY = 0.5
-EPOCHS = 6
+EPOCHS = 7
 TARGET_MISS_RATE = 0.005
+# The threshold keeps the validation miss rate's 95 % upper bound (not just the rate)
+# within target: a threshold tuned to exactly the target on validation misses it on
+# the test split about half the time.
+CALIBRATION = "bound95"
 TRAIN = {
     "model": {"arch": "resnet18"},
-    "batch_size": 64,
-    "optim": {"name": "adamw", "lr": 3e-3, "weight_decay": 0.05, "warmup_steps": 30},
+    # Per rank. Small batches: on a CPU the step count, not the batch, limits learning.
+    "batch_size": 32,
+    "optim": {"name": "adamw", "lr": 2e-3, "weight_decay": 0.05, "warmup_steps": 30},
     "precision": "auto",
     "channels_last": True,
     "log_every": 10,
@@ -54,6 +59,7 @@ class QuickstartOptions:
     seed: int = SEED
     difficulty: float = DIFFICULTY
     target_miss_rate: float = TARGET_MISS_RATE
+    calibration: str = CALIBRATION
 
 
 def train_config(opts: QuickstartOptions, data_dir: Path, output_dir: Path) -> dict[str, Any]:
@@ -136,7 +142,9 @@ def run_quickstart(opts: QuickstartOptions, stream: TextIO = sys.stdout) -> dict
     from dtrain.cli.eval_cmd import progress_bars
 
     with progress_bars(stream) as progress:
-        result = evaluate(checkpoint, data_dir, opts.target_miss_rate, out_dir=eval_dir, progress=progress)
+        result = evaluate(
+            checkpoint, data_dir, opts.target_miss_rate, calibration=opts.calibration, out_dir=eval_dir, progress=progress
+        )
     report = {**result, **_training_figures(checkpoint, train_dir, train_time)}
     report.update(
         data_time_s=t_data,

@@ -143,3 +143,25 @@ def test_support_warning():
     assert m.support_warning(598, 0.005) is None
     msg = m.support_warning(300, 0.005)
     assert msg is not None and "300" in msg and "598" in msg
+
+
+def test_allowed_misses_rate_and_bound():
+    assert m.allowed_misses(660, 0.005, "rate") == 3  # floor(3.3)
+    # 660 defects: 0 misses -> bound 1 - 0.05^(1/660) = 0.45 % <= 0.5 %; 1 miss -> 0.72 %.
+    assert m.allowed_misses(660, 0.005, "bound95") == 0
+    # 2000 defects: the bound stays <= 0.5 % up to 4 misses (0.457 %), not 5 (0.525 %).
+    assert m.allowed_misses(2000, 0.005, "bound95") == 4
+    assert m.clopper_pearson_upper(4, 2000) <= 0.005 < m.clopper_pearson_upper(5, 2000)
+    assert m.allowed_misses(100, 0.005, "bound95") == 0  # too few: no miss at all
+    with pytest.raises(ValueError, match="bound95"):
+        m.allowed_misses(10, 0.1, "bogus")
+
+
+def test_choose_threshold_bound_calibration_is_stricter():
+    # 700 defects scored 0.001 .. 0.7: "rate" may miss floor(3.5) = 3, "bound95" none.
+    defects = np.arange(1, 701) * 0.001
+    p = np.concatenate([defects, [0.0]])
+    d = np.concatenate([np.ones(700, bool), [False]])
+    assert m.choose_threshold(p, d, 0.005, "rate").highest == pytest.approx(0.004)
+    strict = m.choose_threshold(p, d, 0.005, "bound95")
+    assert strict.highest == pytest.approx(0.001) and strict.val_miss.k == 0

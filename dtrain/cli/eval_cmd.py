@@ -18,6 +18,10 @@ def eval_command(
     checkpoint: Path = typer.Argument(..., help="A checkpoint written by `dtrain train` (OUTPUT/checkpoints/last.pt)."),
     data: str = typer.Argument(..., help="The data set root (with val and test splits), or a storage URL."),
     target_miss_rate: float = typer.Option(0.005, "--target-miss-rate", help="The miss rate the threshold must meet on validation."),
+    calibration: str = typer.Option(
+        "rate", "--calibration",
+        help="rate: validation miss rate <= target; bound95: its 95 % upper bound <= target (stricter, fewer test misses).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the evaluation JSON to stdout instead of a table."),
     out: Path | None = typer.Option(None, "--out", help="Where to write evaluation.json and the plots [default: RUN/eval]."),
     batch_size: int = typer.Option(256, "--batch-size", min=1, help="Images per inference batch."),
@@ -27,7 +31,7 @@ def eval_command(
 
     out_dir = out or default_eval_dir(checkpoint)
     with progress_bars(sys.stderr) as progress:
-        result = evaluate(checkpoint, data, target_miss_rate, out_dir=out_dir, batch_size=batch_size, progress=progress)
+        result = evaluate(checkpoint, data, target_miss_rate, calibration=calibration, out_dir=out_dir, batch_size=batch_size, progress=progress)
     if as_json:
         typer.echo(json.dumps(json_safe(result), indent=2))
     else:

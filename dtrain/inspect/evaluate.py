@@ -34,12 +34,15 @@ def summarise(
     val: Predictions,
     test: Predictions,
     target_miss_rate: float,
+    calibration: str = "rate",
 ) -> dict[str, Any]:
     """The evaluation dict from validation and test predictions (pure: no I/O)."""
     if len(val) == 0 or len(test) == 0:
         empty = "validation" if len(val) == 0 else "test"
         raise DtrainError(f"the {empty} split has no readable images", "check the data set (dtrain data synth OUT makes one)")
-    choice = M.choose_threshold(M.p_defect(val.probs, negative_index), val.targets != negative_index, target_miss_rate)
+    choice = M.choose_threshold(
+        M.p_defect(val.probs, negative_index), val.targets != negative_index, target_miss_rate, calibration
+    )
     t = choice.threshold
     p_def = M.p_defect(test.probs, negative_index)
     is_defect = test.targets != negative_index
@@ -76,6 +79,7 @@ def summarise(
         "threshold": t,
         "threshold_highest": choice.highest,
         "target_miss_rate": target_miss_rate,
+        "calibration": calibration,
         "min_defective_for_target": M.min_defective_for_target(target_miss_rate),
         "per_class": M.per_class(cm, classes),
         "confusion_matrix": cm.tolist(),
@@ -111,6 +115,7 @@ def evaluate(
     data: Any,
     target_miss_rate: float = 0.005,
     *,
+    calibration: str = "rate",
     out_dir: str | Path | None = None,
     batch_size: int = 256,
     device: str | None = None,
@@ -124,6 +129,8 @@ def evaluate(
     """
     if not 0.0 < target_miss_rate < 1.0:
         raise DtrainError(f"target miss rate must be between 0 and 1, got {target_miss_rate}", "e.g. --target-miss-rate 0.005")
+    if calibration not in M.CALIBRATIONS:
+        raise DtrainError(f"unknown calibration {calibration!r}", f"choose one of: {', '.join(M.CALIBRATIONS)}")
     checkpoint = Path(checkpoint)
     if not checkpoint.is_file():
         raise DtrainError(f"checkpoint not found: {checkpoint}", "train one with `dtrain train CONFIG` (it writes OUTPUT/checkpoints/last.pt)")
@@ -153,7 +160,7 @@ def evaluate(
             model, ds, mean=meta["mean"], std=meta["std"], batch_size=batch_size,
             device=dev, num_workers=num_workers, progress=callback,
         )
-    result = summarise(classes, negative_index, preds[cfg.val_split], preds[cfg.test_split], target_miss_rate)
+    result = summarise(classes, negative_index, preds[cfg.val_split], preds[cfg.test_split], target_miss_rate, calibration)
     result["checkpoint"] = str(checkpoint)
     result["data_root"] = cfg.root
     result["image_size"] = int(meta["image_size"])

@@ -133,14 +133,39 @@ class ThresholdChoice:
     warnings: list[str] = field(default_factory=list)
 
 
-def choose_threshold(p_defect_val: np.ndarray, is_defect_val: np.ndarray, target_miss_rate: float) -> ThresholdChoice:
-    """The decision threshold that keeps the validation miss rate <= target with the fewest false alarms.
+# How the validation split sets the threshold (see allowed_misses).
+CALIBRATIONS = ("rate", "bound95")
 
-    With defect scores sorted d_0 <= d_1 <= ..., at most m = floor(target * n) misses are
-    allowed; the highest threshold missing no more than m is d_m (a score equal to the
-    threshold counts as defective). Every threshold in (o, d_m], where o is the largest
-    OK score below d_m, gives the same validation misses and false alarms; we return the
-    midpoint of that gap (see ThresholdChoice.highest).
+
+def allowed_misses(n_defective: int, target_miss_rate: float, calibration: str = "rate") -> int:
+    """How many validation misses a threshold may make.
+
+    "rate": the miss rate itself stays within target (floor(target * n)).
+    "bound95": the one-sided 95 % Clopper-Pearson upper bound stays within target, so a
+    threshold that meets it on validation is likely to meet it on new parts too; 0 when
+    even no miss cannot bring the bound under target (too few defective images).
+    """
+    if calibration == "rate":
+        return math.floor(target_miss_rate * n_defective + 1e-9)
+    if calibration == "bound95":
+        k = 0
+        while k + 1 < n_defective and clopper_pearson_upper(k + 1, n_defective) <= target_miss_rate:
+            k += 1
+        return k
+    raise ValueError(f"unknown calibration {calibration!r}; valid: {', '.join(CALIBRATIONS)}")
+
+
+def choose_threshold(
+    p_defect_val: np.ndarray, is_defect_val: np.ndarray, target_miss_rate: float, calibration: str = "rate"
+) -> ThresholdChoice:
+    """The decision threshold that keeps validation misses within target with the fewest false alarms.
+
+    With defect scores sorted d_0 <= d_1 <= ..., at most m misses are allowed (see
+    `allowed_misses`; for "rate" m = floor(target * n)); the highest threshold missing
+    no more than m is d_m (a score equal to the threshold counts as defective). Every
+    threshold in (o, d_m], where o is the largest OK score below d_m, gives the same
+    validation misses and false alarms; we return the midpoint of that gap (see
+    ThresholdChoice.highest).
     """
     scores = np.asarray(p_defect_val, dtype=np.float64)
     is_defect = np.asarray(is_defect_val, dtype=bool)
@@ -152,7 +177,7 @@ def choose_threshold(p_defect_val: np.ndarray, is_defect_val: np.ndarray, target
         highest = threshold = 0.5
         warnings.append("the validation split has no defective images; threshold left at 0.5")
     else:
-        allowed = math.floor(target_miss_rate * defect_scores.size + 1e-9)
+        allowed = allowed_misses(defect_scores.size, target_miss_rate, calibration)
         highest = float(defect_scores[allowed])
         ok_below = scores[~is_defect][scores[~is_defect] < highest]
         low = float(ok_below.max()) if ok_below.size else 0.0

@@ -48,6 +48,12 @@ def _row(*cells: Any, head: bool = False) -> str:
     return "<tr>" + "".join(f"<{tag}>{html.escape(str(c))}</{tag}>" for c in cells) + "</tr>"
 
 
+_CALIBRATION_TEXT = {
+    "rate": "its miss rate within target",
+    "bound95": "the 95 % upper bound of its miss rate within target",
+}
+
+
 def _summary(report: dict[str, Any]) -> str:
     target = report["target_miss_rate"]
     rows = [
@@ -58,7 +64,8 @@ def _summary(report: dict[str, Any]) -> str:
          f"target {_pct(target)}"),
         ("miss rate, 95 % upper bound", _pct(report["miss_rate_upper95"]), "one-sided Clopper-Pearson"),
         ("false-alarm rate", _pct(report["false_alarm_rate"]), f"{report['n_false_alarms']} of {report['n_ok']} OK judged defective"),
-        ("decision threshold on P(defect)", f"{report['threshold']:.4f}", "chosen on the validation split"),
+        ("decision threshold on P(defect)", f"{report['threshold']:.4f}",
+         f"chosen on the validation split ({_CALIBRATION_TEXT.get(report.get('calibration', 'rate'), '')})"),
     ]
     if "world_size" in report:
         rows.append(("DDP world size", report["world_size"], report.get("backend", "")))
