@@ -108,6 +108,9 @@ function draw(charts) {
       const name = c.group === "ranks" ? `rank ${key} (${s.node})` : key;
       traces.push({ x, y, name, type: "scatter", mode: "lines", line: { width: 1.5 } });
     }
+    // a node without GPUs has no GPU series: no empty chart for it
+    div.style.display = traces.length ? "" : "none";
+    if (!traces.length) continue;
     const layout = {
       title: { text: c.title, font: { size: 13 } }, margin: { l: 45, r: 10, t: 30, b: 30 },
       showlegend: true, legend: { orientation: "h", y: -0.15 }, uirevision: state.job,
