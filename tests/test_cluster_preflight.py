@@ -156,3 +156,15 @@ def test_gpus_and_drivers_are_read_from_nvidia_smi_and_compared(tmp_path):
     assert report.failures == ["b: cluster.yaml says 2 GPU(s) but 1 answered; check the driver (nvidia-smi) "
                                "or lower gpus:"]
     assert report.warnings == ["b: GPU driver 535.104.05 here but 550.54.15 on a"]
+
+
+def test_the_table_prints_remote_text_verbatim_not_as_markup(tmp_path):
+    from dtrain.cluster.report import PreflightReport
+
+    r = NodeReport(node="n1", host="n1", address="n1", torch="[bold]2.4")
+    r.fail("python", "python '/opt/[red]x[/red]/python' not found")
+    console = Console(file=open(tmp_path / "t.txt", "w"), width=200)
+    PreflightReport(master="n1", master_address="n1", master_port=1, nodes=[r]).render(console)
+    console.file.close()
+    text = (tmp_path / "t.txt").read_text()
+    assert "/opt/[red]x[/red]/python" in text and "[bold]2.4" in text

@@ -84,6 +84,7 @@ class PreflightReport(BaseModel):
     def render(self, console) -> None:
         """Print the table, then one line per failure and warning, to a rich Console."""
         from rich import box
+        from rich.markup import escape
         from rich.table import Table
 
         table = Table(title=f"preflight: master {self.master} {self.master_address}:{self.master_port}"
@@ -94,10 +95,11 @@ class PreflightReport(BaseModel):
         for n in self.nodes:
             table.add_row(*_row(n))
         console.print(table)
+        # Messages quote remote output and paths: never let them be read as markup.
         for line in self.failures:
-            console.print(f"[red]✗[/red] {line}", highlight=False, soft_wrap=True)
+            console.print(f"[red]✗[/red] {escape(line)}", highlight=False, soft_wrap=True)
         for line in self.warnings:
-            console.print(f"[yellow]![/yellow] {line}", highlight=False, soft_wrap=True)
+            console.print(f"[yellow]![/yellow] {escape(line)}", highlight=False, soft_wrap=True)
 
 
 def _row(n: NodeReport) -> list[str]:
@@ -115,8 +117,10 @@ def _row(n: NodeReport) -> list[str]:
     status = "[green]ok[/green]" if n.ok else "[red]FAIL[/red]"
     if n.ok and n.findings:
         status = "[yellow]ok (warn)[/yellow]"
+    from rich.markup import escape
+
     name = n.node + (" *" if n.is_master else "")
     ssh = "local" if n.host == "local" else "ok" if n.reachable else "no"
     return [name, mark("ssh", ssh), mark("python", n.python_version or ""),
-            mark("torch", n.torch or ""), mark("gpus", gpus), mark("network", n.ifname or ""),
+            mark("torch", escape(n.torch or "")), mark("gpus", gpus), mark("network", n.ifname or ""),
             mark("port", n.port or ""), mark("dns", dns), mark("clock", skew), status]
