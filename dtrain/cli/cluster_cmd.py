@@ -44,8 +44,10 @@ def check(
     python: Optional[str] = typer.Option(None, "--python", help="Interpreter on every node (overrides the file)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
-    """Check that every node can run the job: ssh, Python/torch versions, GPUs, master port,
-    network interface, name resolution, shared storage, clock."""
+    """Preflight every node: ssh, Python/torch versions, GPUs, master port, interface, DNS, storage, clock.
+
+    All nodes are probed at once; each failing node gets one line saying what to fix, and
+    the exit status is 4. `dtrain run` runs the same checks before it launches anything."""
     from rich.console import Console
 
     from dtrain.cluster.preflight import run_preflight
