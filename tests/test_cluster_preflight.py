@@ -168,3 +168,15 @@ def test_the_table_prints_remote_text_verbatim_not_as_markup(tmp_path):
     console.file.close()
     text = (tmp_path / "t.txt").read_text()
     assert "/opt/[red]x[/red]/python" in text and "[bold]2.4" in text
+
+
+def test_an_interpreter_without_torch_is_named(tmp_path):
+    # The same Python without its site-packages (-S): it runs, but finds no torch.
+    bare = tmp_path / "python3"
+    bare.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+    bare.chmod(0o755)
+    cluster = ClusterSpec.model_validate({"nodes": [{"name": "a", "python": sys.executable},
+                                                    {"name": "b", "python": str(bare)}]})
+    report = run_preflight(cluster, master_port=free_port(), timeout=30)
+    assert report.failures == [f"b: torch is not installed for {bare} (= {sys.executable}); install it there or set python: "
+                               "in cluster.yaml to an interpreter that has it"]

@@ -36,7 +36,9 @@ def fill(report: NodeReport, probe: dict[str, Any], received_at: float) -> None:
 def judge_node(report: NodeReport, probe: dict[str, Any], node: NodeSpec, *, master: NodeSpec,
                master_port: int) -> None:
     if probe.get("torch") is None:
-        report.fail("torch", f"torch is not installed for {probe.get('python') or node.python}; install it there "
+        real = probe.get("python")
+        shown = node.python + (f" (= {real})" if real and real != node.python else "")
+        report.fail("torch", f"torch is not installed for {shown}; install it there "
                              "or set python: in cluster.yaml to an interpreter that has it")
     if node.gpus is not None and (probe.get("gpus") or 0) < node.gpus:
         report.fail("gpus", f"cluster.yaml says {node.gpus} GPU(s) but {probe.get('gpus') or 0} answered"
