@@ -178,5 +178,5 @@ def test_an_interpreter_without_torch_is_named(tmp_path):
     cluster = ClusterSpec.model_validate({"nodes": [{"name": "a", "python": sys.executable},
                                                     {"name": "b", "python": str(bare)}]})
     report = run_preflight(cluster, master_port=free_port(), timeout=30)
-    assert report.failures == [f"b: torch is not installed for {bare} (= {sys.executable}); install it there or set python: "
-                               "in cluster.yaml to an interpreter that has it"]
+    assert report.failures == [f"b: torch is not installed for {bare} (= {sys.executable}); install it there "
+                               "or set python: in cluster.yaml to an interpreter that has it"]

@@ -38,7 +38,8 @@ def load_cluster_arg(cluster: Optional[Path], hosts: Optional[str], python: Opti
 
 def check(
     cluster: Optional[Path] = typer.Argument(None, help="cluster.yaml (omit with --hosts)."),
-    hosts: Optional[str] = typer.Option(None, "--hosts", help="Comma-separated SSH hosts, or a subset of the file's nodes."),
+    hosts: Optional[str] = typer.Option(None, "--hosts",
+                                        help="Comma-separated SSH hosts, or a subset of the file's nodes."),
     port: int = typer.Option(29500, "--port", help="The master port the job will use."),
     timeout: float = typer.Option(20.0, "--timeout", help="Seconds each node may take to answer."),
     python: Optional[str] = typer.Option(None, "--python", help="Interpreter on every node (overrides the file)."),
