@@ -4,6 +4,7 @@ directory apply, and the user's ssh_config (here a ProxyJump) is honoured."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 
 import pytest
@@ -47,3 +48,17 @@ def test_the_users_ssh_config_is_honoured_proxyjump(netns_cluster, tmp_path):
     assert res.returncode == 0, res.stderr
     conn = json.loads(res.stdout)[-1].split()
     assert conn[0] == h1.address and conn[2] == h2.address  # reached h2 from h1, not from the head
+
+
+def test_multiplexed_connections_reuse_one_master_and_still_capture_output(netns_cluster):
+    yaml = netns_cluster.cluster_yaml(1, extra="ssh_multiplex: true\n")
+    cluster = load_cluster(yaml)
+    runner = runner_for(cluster.nodes[0], cluster)
+    first = runner.run(["echo", "one"], timeout=30)  # returns although the master stays behind
+    assert (first.returncode, first.stdout) == (0, "one\n"), first.stderr
+    ssh = runner.ssh_argv()
+    check = subprocess.run([*ssh[:-2], "-O", "check", ssh[-1]], capture_output=True, text=True, timeout=30)
+    assert check.returncode == 0 and "Master running" in check.stderr
+    second = runner.run([sys.executable, "-c", SHOW], timeout=30)
+    assert second.returncode == 0 and json.loads(second.stdout)[-1].split()[2] == netns_cluster.hosts[0].address
+    subprocess.run([*ssh[:-2], "-O", "exit", ssh[-1]], capture_output=True, timeout=30)

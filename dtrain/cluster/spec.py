@@ -125,6 +125,10 @@ class ClusterSpec(StrictModel):
     defaults: NodeDefaults = NodeDefaults()
     shared_paths: list[str] = []
     connect_timeout: int = Field(10, ge=1, le=300, description="seconds for an SSH connection")
+    # Keep one SSH connection per node open for a minute (OpenSSH ControlMaster) so the
+    # commands after the first skip the handshake. Off unless asked: it leaves a
+    # background ssh process on this machine for that minute.
+    ssh_multiplex: bool = False
 
     @model_validator(mode="before")
     @classmethod

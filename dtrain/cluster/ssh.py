@@ -8,7 +8,9 @@ environment value and the directory are shlex-quoted; names were validated by th
 
 from __future__ import annotations
 
+import os
 import shlex
+import tempfile
 from collections.abc import Mapping, Sequence
 
 from dtrain.cluster.runner import CommandRunner, register_runner
@@ -28,6 +30,8 @@ class SshRunner(CommandRunner):
         if self.cluster.ssh_config:
             out += ["-F", self.cluster.ssh_config]
         out += ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={self.cluster.connect_timeout}", *KEEPALIVE]
+        if self.cluster.ssh_multiplex:
+            out += ["-o", "ControlMaster=auto", "-o", f"ControlPath={control_dir()}/%C", "-o", "ControlPersist=60"]
         for opt in self.cluster.ssh_options:
             out += ["-o", opt]
         # "--" ends ssh's options: a destination can never be read as one.
@@ -57,3 +61,11 @@ def _quote_path(path: str) -> str:
     if path == "~" or path.startswith("~/"):
         return "~" + (shlex.quote(path[1:]) if path[1:] else "")
     return shlex.quote(path)
+
+
+def control_dir() -> str:
+    """Where multiplexed connections keep their sockets: short (a socket path has at most
+    107 bytes), private to this user."""
+    path = os.path.join(tempfile.gettempdir(), f"dtrain-ssh-{os.getuid()}")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
