@@ -108,3 +108,12 @@ def test_local_runner_runs_with_env_and_cwd(tmp_path):
     assert res.returncode == 0, res.stderr
     assert res.stdout == f"{tmp_path} n a=b c {HOSTILE!r}\n"
     assert runner.argv(["echo"]) == ["env", "NODE_ENV=n", "echo"]
+
+
+def test_multiplexing_is_off_unless_asked():
+    plain = ClusterSpec.from_hosts(["gpu1"])
+    assert not any("ControlMaster" in a for a in runner_for(plain.nodes[0], plain).argv(["true"]))
+    mux = ClusterSpec.from_hosts(["gpu1"], ssh_multiplex=True)
+    argv = runner_for(mux.nodes[0], mux).argv(["true"])
+    assert "ControlMaster=auto" in argv and any(a.startswith("ControlPath=") and a.endswith("/%C") for a in argv)
+    assert argv.index("ControlMaster=auto") < argv.index("--")
