@@ -124,3 +124,16 @@ def test_agent_counters_stay_monotonic_across_a_rank_restart():
     row = table.snapshot()["0"]
     assert row["steps_total"] == 13 and row["samples_total"] == 52 and row["step_time_total"] == pytest.approx(1.3)
     assert table.ingest(b"not json") is None and table.bad_datagrams == 1
+
+
+def test_a_forked_child_does_not_report_as_its_parent(sink):
+    step(0)
+    assert report._reporter is not None
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # e.g. a data loader worker
+        os.write(w, b"fresh" if report._reporter is None else b"stale")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(r, 16) == b"fresh"
+    assert report._reporter is not None  # the parent keeps its own

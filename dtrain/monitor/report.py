@@ -112,10 +112,18 @@ _reporter: _Reporter | None = None
 
 def _get() -> _Reporter:
     global _reporter
-    if _reporter is None or _reporter.pid != os.getpid():
-        # Rebuilt after fork: a child must not share its parent's identity.
+    if _reporter is None:
         _reporter = _Reporter()
     return _reporter
+
+
+def _forget_after_fork() -> None:
+    # A forked child (a data loader worker) must not report as its parent's rank.
+    global _reporter
+    _reporter = None
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def reset() -> None:
