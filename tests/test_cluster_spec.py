@@ -41,6 +41,10 @@ def test_defaults_apply_to_nodes_and_env_merges(tmp_path):
     ("nodes: []\n", "at least 1"),
     ("nodes: [{host: '-oProxyCommand=evil'}]\n", "SSH destination"),
     ("nodes: [{host: 'a b'}]\n", "SSH destination"),
+    ("nodes: [{host: '-v'}]\n", "SSH destination"),
+    ("nodes: [{host: 'u@-v'}]\n", "SSH destination"),
+    ("nodes: [{host: h1, address: 'a;b'}]\n", "address must be"),
+    ("nodes: [{host: h1, python: '-c'}]\n", "python must be"),
     ("nodes: [{host: h1, name: 'x/y'}]\n", "node name"),
     ("nodes: [h1, h1]\n", "two nodes are named 'h1'"),
     ("nodes: [{host: h1, env: {'A;B': '1'}}]\n", "environment variable name"),
@@ -117,3 +121,11 @@ def test_multiplexing_is_off_unless_asked():
     argv = runner_for(mux.nodes[0], mux).argv(["true"])
     assert "ControlMaster=auto" in argv and any(a.startswith("ControlPath=") and a.endswith("/%C") for a in argv)
     assert argv.index("ControlMaster=auto") < argv.index("--")
+
+
+def test_ordinary_destinations_are_accepted():
+    hosts = ["gpu1", "ubuntu@gpu-2.plant.local", "ssh://ops@10.0.0.7:2222", "10.0.0.8", "fe80::1", "my_host"]
+    c = ClusterSpec.from_hosts(hosts)
+    assert [n.host for n in c.nodes] == hosts
+    assert [n.reach_address for n in c.nodes] == ["gpu1", "gpu-2.plant.local", "10.0.0.7", "10.0.0.8",
+                                                  "fe80::1", "my_host"]
