@@ -22,7 +22,7 @@ pytestmark = pytest.mark.netns
 PORT = 9464
 
 
-def test_two_hosts_collected_straggler_flagged_dead_agent_reported(netns_cluster, tmp_path):
+def test_two_hosts_collected_straggler_flagged_lost_nodes_reported(netns_cluster, tmp_path):
     cluster = load_cluster(netns_cluster.cluster_yaml(2))
     nodes = cluster.nodes[:2]
     runners = {n.name: runner_for(n, cluster) for n in nodes}
@@ -63,6 +63,21 @@ def test_two_hosts_collected_straggler_flagged_dead_agent_reported(netns_cluster
             time.sleep(0.1)
         assert [f.node for f in found if f.kind == "not_reporting"] == [victim], found
         assert time.monotonic() - killed < 10
+
+        # a node that drops off the network (polls time out instead of being refused)
+        cut = nodes[0].name
+        netns_cluster.set_link(cut, False)
+        try:
+            t_cut = time.monotonic()
+            while not any(f.node == cut for f in found if f.kind == "not_reporting") and time.monotonic() - t_cut < 10:
+                time.sleep(0.1)
+            assert time.monotonic() - t_cut < 10, found
+        finally:
+            netns_cluster.set_link(cut, True)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and "reporting again" not in (job_dir / "monitor.log").read_text():
+            time.sleep(0.2)
+        assert f"node {cut} is reporting again" in (job_dir / "monitor.log").read_text()
     finally:
         coll.stop()
         for a in agents.values():
@@ -71,6 +86,8 @@ def test_two_hosts_collected_straggler_flagged_dead_agent_reported(netns_cluster
             a.wait(timeout=15)
 
     store = Store.for_job(job_dir, readonly=True)
+    states = {n["node"]: n["state"] for n in store.nodes()}
+    assert states == {nodes[0].name: "reporting", nodes[1].name: "not_reporting"}
     series = store.node_series()
     assert set(series) == {nodes[0].name, nodes[1].name}
     for name in series:
