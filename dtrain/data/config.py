@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -32,6 +32,10 @@ class DataConfig(StrictModel):
     # Decode + resize every image once into one uint8 tensor (small sets only:
     # N * 3 * S * S bytes); workers then only augment.
     cache_decoded: bool = False
-    # Local cache for remote shards; None = a temporary directory per run.
+    # Node-local cache for remote shards, shared by the node's ranks and workers;
+    # None = <tmp>/dtrain-shard-cache. Keyed by the data set's fingerprint.
     cache_dir: str | None = None
     cache_limit_gb: float = Field(10.0, gt=0)
+    # fsspec options for root, e.g. {endpoint_url: "http://minio:9000"}. No credentials
+    # here (the config is saved in every checkpoint): use the AWS environment/config.
+    storage_options: dict[str, Any] = Field(default_factory=dict)
