@@ -202,11 +202,17 @@ def test_a_diverged_loss_is_stored_as_a_gap(tmp_path):
     store.close()
 
 
-def test_dashboard_thins_long_histories_keeping_the_newest(stored_job, monkeypatch):
+def test_dashboard_thins_long_histories_keeping_the_newest(stored_job, dtrain_home, monkeypatch):
+    import shutil
+
+    from dtrain.errors import DtrainError
     from dtrain.monitor.dashboard import server
 
+    shutil.copytree(stored_job.dir, dtrain_home / "jobs" / stored_job.id)
+    with pytest.raises(DtrainError):
+        server.series(str(stored_job.dir), 0.0)  # a path is not a job id: the API serves listed jobs only
     monkeypatch.setattr(server, "MAX_POINTS", 100)
-    data = server.series(str(stored_job.dir), 0.0)
+    data = server.series(stored_job.id, 0.0)
     t = data["nodes"]["a"]["t"]
     assert 50 <= len(t) <= 100 and t[-1] == T0 + N - 1 and t == sorted(t)
     assert len(data["ranks"]["3"]["loss"]) == len(data["ranks"]["3"]["t"]) <= 100

@@ -22,7 +22,7 @@ from typing import Any
 
 from dtrain.errors import DtrainError
 from dtrain.monitor import findings as rules
-from dtrain.monitor.jobs import list_jobs, resolve
+from dtrain.monitor.jobs import JobInfo, list_jobs
 
 STATIC = Path(__file__).parent / "static"
 TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
@@ -51,8 +51,16 @@ def _thin(columns: dict[str, list]) -> dict[str, list]:
     return {c: [v[i] for i in keep] for c, v in columns.items()}
 
 
+def _job(job_id: str) -> JobInfo:
+    """Only jobs the page lists: an id from a URL never becomes a path."""
+    for info in list_jobs():
+        if info.id == job_id:
+            return info
+    raise DtrainError(f"no job {job_id!r} with stored metrics")
+
+
 def series(job_id: str, since: float) -> dict[str, Any]:
-    info = resolve(job_id)
+    info = _job(job_id)
     store = info.open()
     try:
         span = store.time_range()
@@ -75,7 +83,7 @@ def series(job_id: str, since: float) -> dict[str, Any]:
 
 
 def logs(job_id: str, lines: int) -> dict[str, list[str]]:
-    info = resolve(job_id)
+    info = _job(job_id)
     files = sorted((info.dir / "logs").glob("*.log")) + [info.dir / "monitor.log"]
     out = {}
     for path in files:
