@@ -195,7 +195,7 @@ def open_shard_split(cfg: DataConfig, split: str, *, train: bool) -> ShardDatase
     """The dataset of one split of the data set pushed to `cfg.root`."""
     from dtrain.data.transforms import train_augmentation
 
-    store = open_store(cfg.root, getattr(cfg, "storage_options", None))
+    store = open_store(cfg.root, cfg.storage_options)
     raw = read_manifest_bytes(store)
     manifest = load_manifest(store, raw)
     if split not in manifest.splits:
