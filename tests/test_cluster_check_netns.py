@@ -152,3 +152,14 @@ def test_a_host_that_refuses_our_key_gets_the_key_hint(netns_cluster, dtrain_cmd
     assert res.returncode == ExitStatus.PREFLIGHT
     for h in ("h1", "h2"):
         assert f"{h}: cannot connect with ssh to {h} (" in res.stdout and f"ssh-copy-id {h}" in res.stdout
+
+
+def test_a_master_address_that_is_not_the_masters_is_flagged(netns_cluster, dtrain_cmd):
+    h1 = netns_cluster.hosts[0]
+    wrong = h1.address.rsplit(".", 1)[0] + ".78"  # a typo: nobody has it
+    yaml = netns_cluster.cluster_yaml(2)
+    yaml.write_text(yaml.read_text().replace(f"address: {h1.address}", f"address: {wrong}"))
+    res = check(dtrain_cmd, yaml, "--port", "29619")
+    assert res.returncode == ExitStatus.PREFLIGHT, res.stdout + res.stderr
+    assert f"h1: the master's address {wrong} is not an address of this machine (eth0 {h1.address})" in res.stdout
+    assert f"h2: cannot reach the master h1 at {wrong}:29619" in res.stdout

@@ -55,6 +55,7 @@ def judge_node(report: NodeReport, probe: dict[str, Any], node: NodeSpec, *, mas
         report.warn("network", "could not tell which network interface reaches the master (is `ip` installed?); "
                                "GLOO_SOCKET_IFNAME will not be set")
 
+    _judge_own_address(report, probe, node, master)
     _judge_names(report, probe, master)
     if report.clock_skew_s is not None and abs(report.clock_skew_s) > MAX_SKEW_S:
         report.warn("clock", f"clock is {report.clock_skew_s:+.1f} s off the head's; timestamps in logs and "
@@ -69,6 +70,16 @@ def judge_node(report: NodeReport, probe: dict[str, Any], node: NodeSpec, *, mas
         holder = f" by {listen['holder']}" if listen.get("holder") else ""
         report.fail("port", f"master port {master_port} is already in use{holder} ({listen['error']}); "
                             "stop that process or choose another port (--port)")
+
+
+def _judge_own_address(report: NodeReport, probe: dict[str, Any], node: NodeSpec, master: NodeSpec) -> None:
+    # Only a warning: behind NAT (cloud public IPs) the address others use is not local.
+    own, local = probe.get("own_ip"), probe.get("addresses") or {}
+    if node is not master or not own or not local or own in local or own.startswith("127."):
+        return
+    mine = ", ".join(f"{dev} {ip}" for ip, dev in local.items() if dev != "lo" and ":" not in ip)
+    report.warn("network", f"the master's address {node.reach_address} is not an address of this machine "
+                           f"({mine}); unless it is NAT-ed here, set address: in cluster.yaml to one of them")
 
 
 def _judge_names(report: NodeReport, probe: dict[str, Any], master: NodeSpec) -> None:

@@ -208,10 +208,8 @@ def connect_master(address, port, token, deadline):
             last = str(exc)
             time.sleep(0.1)  # the master's listener may not be up yet
             continue
-        except OSError as exc:
-            last = str(exc)
-            time.sleep(0.2)
-            continue
+        except OSError as exc:  # unreachable, or silent: waiting longer will not help
+            return {"ok": False, "error": str(exc)}
         with conn:
             conn.settimeout(2)
             try:
@@ -277,6 +275,7 @@ def main():
     own_ip = route_to(own)[0] if own else None
     out["ifname"] = pick_ifname(addrs, own_ip, dev)
     out["addresses"] = addrs
+    out["own_ip"] = own_ip
     out["route"] = {"master_ip": ip, "dev": dev, "src": src}
     out["names"] = name_checks(master, args.get("dns_cap_s", 3.0))
     out["shared"] = [tree_digest(p, args.get("digest_limit", 20000)) for p in args.get("shared_paths", [])]
