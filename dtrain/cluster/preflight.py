@@ -48,7 +48,9 @@ def run_preflight(cluster: ClusterSpec, *, master_port: int = DEFAULT_PORT, time
         if node is master:
             args["listen_port"] = master_port
         else:
-            args.update(connect_port=master_port, connect_s=min(8.0, timeout / 2))
+            # Refused connections are retried this long: the master's listener starts with
+            # its own ssh session, which may be slower than ours.
+            args.update(connect_port=master_port, connect_s=timeout / 2)
         started = time.monotonic()
         try:
             runner = runner_factory(node, cluster)
