@@ -25,8 +25,8 @@ PLAIN = str(SCRIPTS / "plain_ddp.py")
 class Run:
     """`dtrain run ...` in the background, its output collected line by line."""
 
-    def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "dtrain", "run", *args], cwd=REPO, text=True,
+    def __init__(self, *args: str, cwd=REPO) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "dtrain", "run", *args], cwd=cwd, text=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.lines: list[str] = []
         self.err = ""
@@ -147,7 +147,11 @@ def test_elastic_restart_resumes_from_checkpoint(netns_cluster, dtrain_home, syn
     assert kill_workers(netns_cluster, "h2", "dtrain.train")
     assert run.finish(timeout=600) == 0, run.output()
     text = run.output()
-    assert "resumed from" in text, text
+    # Restarted once, and the restart went on from epoch 2 instead of starting over.
+    assert text.count("training resnet18") == 2 and text.count("epoch 1/2: train loss") == 1, text
+    steps = [json.loads(ln)["step"] for ln in (out / "metrics.jsonl").read_text().splitlines()
+             if json.loads(ln)["kind"] == "train"]
+    assert steps.count(1) == 1 and max(steps) == 12, steps
     ckpt = torch.load(last, map_location="cpu", weights_only=False)
     assert ckpt["epoch"] == 2 and (out / "checkpoints" / "ckpt-epoch0002.pt").exists(), ckpt["epoch"]
     assert_nothing_left(netns_cluster, run.job_id)
@@ -165,3 +169,39 @@ def test_preflight_failure_launches_nothing(netns_cluster, dtrain_home):
     assert json.loads(listed) == []
     for h in netns_cluster.hosts:
         assert not [c for _, c in netns_cluster.processes(h) if "torch.distributed.run" in c]
+
+
+def test_code_sync_over_ssh_to_a_node_with_its_own_workdir(netns_cluster, dtrain_home, tmp_path):
+    proj, elsewhere = tmp_path / "proj", tmp_path / "h2-workdir"
+    proj.mkdir()
+    (proj / "show.py").write_text(
+        "import os\nprint('cwd=' + os.getcwd(), 'ignored-file-there=' + str(os.path.exists('big.bin')))\n")
+    (proj / "big.bin").write_bytes(b"x" * 100)
+    (proj / ".gitignore").write_text("big.bin\n")
+    subprocess.run(["git", "init", "-q", str(proj)], check=True)
+    yaml = netns_cluster.cluster_yaml(2, node_extra={"h1": f"    workdir: {proj}", "h2": f"    workdir: {elsewhere}"})
+    run = Run(str(yaml), "--no-preflight", "--no-monitor", "--port", str(free_port()), "--", "python", "show.py",
+              cwd=proj)
+    assert run.finish() == 0, run.output()
+    assert f"[h2:r1] cwd={elsewhere} ignored-file-there=False" in run.lines, run.output()
+    assert f"[h1:r0] cwd={proj} ignored-file-there=True" in run.lines  # h1 shares the head's directory
+    assert "[dtrain] code copied to h2 (2 files)" in run.lines
+    assert (elsewhere / "show.py").exists() and not list(proj.glob(".dtrain-sync-*"))
+
+
+def test_network_partition_of_one_host_ends_the_job(netns_cluster, dtrain_home):
+    yaml = netns_cluster.cluster_yaml(2)
+    run = Run(str(yaml), "--no-preflight", "--no-monitor", "--nproc-per-node", "1", "--port", str(free_port()),
+              "--", "python", PLAIN, "--epochs", "1000", "--sleep", "0.3")
+    try:
+        run.wait_for("[h1:r0] epoch 0 step 2")
+        netns_cluster.set_link("h2", up=False)  # h2 drops off the network: nothing closes, all goes silent
+        t0 = time.monotonic()
+        rc = run.finish(timeout=90)
+        elapsed = time.monotonic() - t0
+        assert rc != 0 and elapsed < 30, (rc, elapsed, run.output())
+        assert "first failure: node h2: lost the connection" in run.err, run.output()
+        # h2 heard nothing from the head for 20 s and stopped its part by itself.
+        assert_nothing_left(netns_cluster, run.job_id)
+    finally:
+        netns_cluster.set_link("h2", up=True)

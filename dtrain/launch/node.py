@@ -3,8 +3,10 @@
 It makes a job's lifetime on a node follow the head's: torchrun runs in its own session
 under this process (a child subreaper, so workers that torchrun leaves behind are
 re-parented here and found), and the whole tree is stopped - SIGTERM, then SIGKILL after
-a grace period - when stdin closes (the SSH connection or the head died) or on SIGTERM /
-SIGHUP / SIGINT. Nothing of the job outlives it.
+a grace period - when stdin closes (the SSH connection or the head died), when the head's
+keep-alive bytes on stdin stop for `--head-timeout` seconds (a network partition: the
+TCP connection is silent, not closed), or on SIGTERM / SIGHUP / SIGINT. Nothing of the
+job outlives it.
 
 Output: torchrun's own lines pass through unchanged (worker lines already carry the
 `[node:rN]` prefix from --log-line-prefix-template); once a second the wrapper adds one
@@ -60,7 +62,7 @@ def heartbeat_ages(hb_dir: Path, now: float) -> dict[str, float]:
 
 class NodeWrapper:
     def __init__(self, cmd: list[str], *, scratch: Path, grace: float, status_every: float,
-                 env: dict[str, str], out=None) -> None:
+                 env: dict[str, str], out=None, head_timeout: float = 0.0) -> None:
         self.cmd = cmd
         self.scratch = scratch
         self.grace = grace
@@ -71,6 +73,8 @@ class NodeWrapper:
         self.stop_reason: str | None = None
         self.stopping = threading.Event()
         self.proc: subprocess.Popen | None = None
+        self.head_timeout = head_timeout
+        self.heard_from_head = time.monotonic()
 
     def emit(self, data: bytes) -> None:
         with self.lock:
@@ -102,6 +106,9 @@ class NodeWrapper:
         threading.Thread(target=self._watch_stdin, daemon=True).start()
         while self.proc.poll() is None and not self.stopping.wait(self.status_every):
             self.mark({"hb": heartbeat_ages(hb_dir, time.time())})
+            silent = time.monotonic() - self.heard_from_head
+            if self.head_timeout and silent > self.head_timeout:
+                self.request_stop(f"no word from the head for {silent:.0f} s")
         if self.stopping.is_set():
             self.stop_tree()
         rc = self.proc.wait()
@@ -119,7 +126,7 @@ class NodeWrapper:
     def _watch_stdin(self) -> None:
         try:
             while sys.stdin.buffer.read1(4096):
-                pass
+                self.heard_from_head = time.monotonic()
         except (OSError, ValueError):
             pass
         self.request_stop("head connection closed")
@@ -183,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scratch", required=True, type=Path)
     parser.add_argument("--grace", type=float, default=5.0)
     parser.add_argument("--status-every", type=float, default=1.0)
+    parser.add_argument("--head-timeout", type=float, default=0.0,
+                        help="stop when the head's keep-alive stops this long (0: never)")
     parser.add_argument("cmd", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -195,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         if ifname:
             env["GLOO_SOCKET_IFNAME"] = ifname
             env.setdefault("NCCL_SOCKET_IFNAME", ifname)
-    wrapper = NodeWrapper(cmd, scratch=args.scratch, grace=args.grace, status_every=args.status_every, env=env)
+    wrapper = NodeWrapper(cmd, scratch=args.scratch, grace=args.grace, status_every=args.status_every, env=env,
+                          head_timeout=args.head_timeout)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: wrapper.request_stop(f"signal {signal.Signals(signum).name}"))
     return wrapper.run()

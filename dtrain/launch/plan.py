@@ -15,6 +15,10 @@ from dataclasses import asdict, dataclass, field
 from dtrain.launch.spec import JobSpec, torchrun_target, uses_dtrain_trainer
 
 SCRATCH_ROOT = "/tmp"  # node-local scratch: torchrun's --log-dir and the heartbeat dir
+# The head writes a keep-alive byte to every node every KEEPALIVE s; a node that hears
+# nothing for HEAD_TIMEOUT s (a partition) stops its part of the job by itself.
+KEEPALIVE = 2.0
+HEAD_TIMEOUT = 20.0
 
 
 @dataclass
@@ -97,7 +101,7 @@ def build_plan(
         wrapper = [
             node.python, "-m", "dtrain.launch.node",
             "--job", job_id, "--node", node.name, "--master", master,
-            "--scratch", scratch, "--grace", str(job.grace), "--",
+            "--scratch", scratch, "--grace", str(job.grace), "--head-timeout", str(HEAD_TIMEOUT), "--",
         ]
         env = _node_env(job, node, rank, nodes, addrs, job_id, scratch, ifnames.get(node.name))
         launch = NodeLaunch(

@@ -26,7 +26,7 @@ from typing import TextIO
 
 from dtrain.launch.monitoring import Monitoring
 from dtrain.launch.node import MARK
-from dtrain.launch.plan import LaunchPlan
+from dtrain.launch.plan import KEEPALIVE, LaunchPlan
 from dtrain.launch.summary import NodeEnd, RootCause, root_cause
 from dtrain.launch.watchdog import Hang, Watchdog
 
@@ -85,6 +85,7 @@ class JobSession:
         self.stop_reason: str | None = None  # set by stop() from a signal handler / CLI
         self._stop_state = "stopped"
         self.first_output_at: float | None = None
+        self._next_keepalive = 0.0
 
     # -- control from outside (signal handlers, `dtrain stop`) --------------------------
 
@@ -146,9 +147,21 @@ class JobSession:
                 self.stop("hang: " + h.describe())
             if self.stop_reason is not None:
                 self._stop_nodes(now)
+            elif now >= self._next_keepalive:
+                self._keepalive()
+                self._next_keepalive = now + KEEPALIVE
             if all(n.end.exit_code is not None for n in self.nodes.values()):
                 break
         return self._outcome(failure, hang)
+
+    def _keepalive(self) -> None:
+        for node in self.nodes.values():
+            if node.end.exit_code is None and node.stop_sent_at is None:
+                try:
+                    node.proc.stdin.write(b"\n")
+                    node.proc.stdin.flush()
+                except (OSError, ValueError):
+                    pass  # the node is going away; its exit is handled by the loop
 
     def _on_node_failure(self, node: _Node) -> str | None:
         """Fail fast, unless an elastic job can go on with the nodes it still has."""
