@@ -91,7 +91,7 @@ def node_rows(store: Store, window_s: float = rules.WINDOW_S) -> list[dict[str, 
     return rows
 
 
-def _header(store: Store, job: JobInfo, rows: list[dict[str, Any]], now: float) -> Text:
+def _header(store: Store, job: JobInfo, rows: list[dict[str, Any]]) -> Text:
     span = store.time_range()
     reporting = sum(r["state"] == "reporting" for r in rows)
     elapsed = "" if span is None else f"  {(span[1] - span[0]) / 60:.1f} min"
@@ -107,7 +107,7 @@ def _header(store: Store, job: JobInfo, rows: list[dict[str, Any]], now: float) 
     return text
 
 
-def render(store: Store, job: JobInfo, now: float | None = None) -> Group:
+def render(store: Store, job: JobInfo) -> Group:
     rows = node_rows(store)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True)
     for header, justify in (("node", "left"), ("cpu", "left"), ("mem G", "right"), ("net i/o", "right"),
@@ -121,7 +121,9 @@ def render(store: Store, job: JobInfo, now: float | None = None) -> Group:
         net = f"{human(r['net_rx_bps'])}/{human(r['net_tx_bps'])}"
         disk = f"{human(r['disk_read_bps'])}/{human(r['disk_write_bps'])}"
         gpu = "\n".join(
-            f"{g['gpu']}:{(g['util'] or 0):4.0%} {gib(g['mem_used'])}/{gib(g['mem_total'])}" for g in r["gpus"]
+            f"{g['gpu']}:{(g['util'] or 0):4.0%} {sparkline(g['util_hist'], 4, top=1.0):4} "
+            f"{gib(g['mem_used'])}/{gib(g['mem_total'])}"
+            for g in r["gpus"]
         ) or "-"
         if r["fastest"] is None:
             step = "-"
@@ -130,7 +132,7 @@ def render(store: Store, job: JobInfo, now: float | None = None) -> Group:
             step = f"r{fr} {fast:.3g}s" if fr == sr else f"r{fr} {fast:.3g}s\nr{sr} {slow:.3g}s"
         table.add_row(name, cpu, mem, net, disk, gpu, step)
     found = rules.from_store(store)
-    lines: list[Any] = [_header(store, job, rows, time.time() if now is None else now), table]
+    lines: list[Any] = [_header(store, job, rows), table]
     if found:
         lines.append(Text("findings", style="bold"))
         lines += [Text(f"! {f.message}", style="yellow") for f in found]
