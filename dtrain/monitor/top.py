@@ -115,7 +115,9 @@ def render(store: Store, job: JobInfo) -> Group:
         table.add_column(header, no_wrap=True, justify=justify, overflow="ellipsis")
     table.columns[0].max_width = 10
     for r in rows:
-        name = Text(r["node"], style="red" if r["state"] == "not_reporting" else "")
+        # long names usually differ at the end (gpu-node-07, gpu-node-08): keep the end
+        short = r["node"] if len(r["node"]) <= 10 else "…" + r["node"][-9:]
+        name = Text(short, style="red" if r["state"] == "not_reporting" else "")
         cpu = "-" if r["cpu"] is None else f"{r['cpu']:4.0%} {sparkline(r['cpu_hist'], top=1.0)}"
         mem = f"{gib(r['mem_used'])}/{gib(r['mem_total'])}"
         net = f"{human(r['net_rx_bps'])}/{human(r['net_tx_bps'])}"
