@@ -19,7 +19,7 @@ from dtrain.monitor.collector import Collector
 from dtrain.monitor.store import Store
 
 pytestmark = pytest.mark.netns
-PORT = 9464
+PORT = 19464  # not the launcher's default, so agents of other tests cannot answer for ours
 
 
 def test_two_hosts_collected_straggler_flagged_lost_nodes_reported(netns_cluster, tmp_path):
