@@ -49,6 +49,14 @@ class Run:
         time.sleep(0.2)
         return rc
 
+    def ends_within(self, seconds: float) -> int:
+        """Wait for the run to end; it must end non-zero within `seconds` from now."""
+        t0 = time.monotonic()
+        rc = self.finish(timeout=seconds + 60)
+        elapsed = time.monotonic() - t0
+        assert rc != 0 and elapsed < seconds, (rc, elapsed, self.output())
+        return rc
+
     def output(self) -> str:
         return "\n".join(self.lines) + "\n" + self.err
 
@@ -118,10 +126,7 @@ def test_kill_on_one_host_stops_the_whole_job(netns_cluster, dtrain_home):
               "--", "python", PLAIN, "--epochs", "1000", "--sleep", "0.3")
     run.wait_for("[h1:r0] epoch 0 step 2")
     assert kill_workers(netns_cluster, "h2", "plain_ddp.py")
-    t0 = time.monotonic()
-    rc = run.finish(timeout=60)
-    elapsed = time.monotonic() - t0
-    assert rc != 0 and elapsed < 30, (rc, elapsed, run.output())
+    run.ends_within(30)
     assert "first failure: node h2" in run.err, run.output()
     assert_nothing_left(netns_cluster, run.job_id)
     status = json.loads(subprocess.run([sys.executable, "-m", "dtrain", "status", run.job_id, "--json"],
@@ -196,10 +201,7 @@ def test_network_partition_of_one_host_ends_the_job(netns_cluster, dtrain_home):
     try:
         run.wait_for("[h1:r0] epoch 0 step 2")
         netns_cluster.set_link("h2", up=False)  # h2 drops off the network: nothing closes, all goes silent
-        t0 = time.monotonic()
-        rc = run.finish(timeout=90)
-        elapsed = time.monotonic() - t0
-        assert rc != 0 and elapsed < 30, (rc, elapsed, run.output())
+        run.ends_within(30)
         assert "first failure: node h2: lost the connection" in run.err, run.output()
         # h2 heard nothing from the head for 20 s and stopped its part by itself.
         assert_nothing_left(netns_cluster, run.job_id)

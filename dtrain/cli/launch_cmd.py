@@ -13,12 +13,14 @@ import typer
 
 _RUN_HELP = """Run a command on every node of a cluster with torchrun (fail-fast, logs, registry).
 
-  dtrain run cluster.yaml -- python train.py --epochs 3
-  dtrain run --hosts gpu1,gpu2 --nproc-per-node 2 -- python train.py
-  dtrain run cluster.yaml --rdzv elastic --nnodes 1:2 --max-restarts 1 -- dtrain train cfg.yaml
+[bold]dtrain run cluster.yaml -- python train.py --epochs 3[/bold]
 
-The first word after the options is the cluster file when it ends in .yaml/.yml;
-everything else is the command (or give it in --job job.yaml)."""
+[bold]dtrain run --hosts gpu1,gpu2 --nproc-per-node 2 -- python train.py[/bold]
+
+[bold]dtrain run cluster.yaml --rdzv elastic --nnodes 1:2 --max-restarts 1 -- dtrain train cfg.yaml[/bold]
+
+The first word after the options is the cluster file when it ends in .yaml/.yml; the rest
+is the command (or give it in --job job.yaml). Without a cluster: this machine only."""
 
 
 def register(app: typer.Typer) -> None:

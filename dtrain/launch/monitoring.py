@@ -49,12 +49,12 @@ class Monitoring:
         return self
 
     def stop(self) -> None:
-        if self.collector is not None:
-            with contextlib.suppress(Exception):
-                self.collector.stop()
         for _, proc in self.agents:
             with contextlib.suppress(OSError):
                 proc.stdin.close()  # the agent exits when its stdin closes
+        if self.collector is not None:  # while the agents wind down
+            with contextlib.suppress(Exception):
+                self.collector.stop()
         for _, proc in self.agents:
             try:
                 proc.wait(timeout=5)
