@@ -95,6 +95,8 @@ def staging_dir(out: Path) -> Path:
 
 def publish(staged: Path, out: Path) -> None:
     """Move a complete `staged` directory to `out`, replacing an older model there."""
+    if out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
     if out.exists():
         if not (out / CARD).is_file():
             raise DtrainError(f"{out} exists and is not a model directory", "choose another --out, or remove it")
