@@ -7,6 +7,7 @@ The validation split is read once into memory as the networks' own input (uint8
 from __future__ import annotations
 
 import random
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from dtrain.errors import DtrainError
 from dtrain.serve.model_dir import Verification
 
 REFERENCE_BATCH = 64
+DECODE_THREADS = 4
 
 
 @dataclass
@@ -50,7 +52,8 @@ def load_val(root: str | None, meta: dict[str, Any]) -> ValData:
     if list(ds.classes) != list(meta["classes"]):
         raise DtrainError(f"the data set's classes {list(ds.classes)} differ from the model's {list(meta['classes'])}",
                           "verify on the data set the model was trained on (--data)")
-    samples = [s for s in (ds[i] for i in range(len(ds))) if s is not None]
+    with ThreadPoolExecutor(max_workers=DECODE_THREADS) as pool:  # decoders release the GIL
+        samples = [s for s in pool.map(ds.__getitem__, range(len(ds))) if s is not None]
     if not samples:
         raise DtrainError(f"the {cfg.val_split!r} split of {cfg.root} has no readable images", "the export verifies on it; check --data")
     images = np.stack([s[0].numpy() for s in samples])
