@@ -42,6 +42,9 @@ def run_preflight(cluster: ClusterSpec, *, master_port: int = DEFAULT_PORT, time
     reports = [NodeReport(node=n.name, host=n.host, address=n.reach_address, is_master=n is master)
                for n in cluster.nodes]
     probes: dict[str, dict[str, Any]] = {}
+    done: list[str] = []
+    lock = threading.Lock()
+    status = out.status(f"checking {len(reports)} node(s)...") if out is not None else None
 
     def one(node: NodeSpec, report: NodeReport) -> None:
         args = {**common, "own_address": node.reach_address}
@@ -65,8 +68,11 @@ def run_preflight(cluster: ClusterSpec, *, master_port: int = DEFAULT_PORT, time
         except Exception as exc:  # a bug or an odd node must not take the whole check down
             report.fail("ssh", f"the check itself failed: {type(exc).__name__}: {exc}")
         report.seconds = round(time.monotonic() - started, 2)
+        with lock:
+            done.append(node.name)
+            if status:
+                status.update(f"checking {len(reports)} node(s): {len(done)} answered")
 
-    status = out.status("checking nodes...") if out is not None else None
     if status:
         status.start()
     try:
