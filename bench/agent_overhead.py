@@ -124,7 +124,7 @@ def main() -> None:
             urllib.request.urlopen(url + "/metrics", timeout=2).read()
 
     with tempfile.TemporaryDirectory() as tmp:
-        coll = Collector(Path(tmp) / "job", {"node0": url}).start()
+        coll = Collector(Path(tmp) / "bench", {"node0": url}).start()
         threading.Thread(target=scrape, daemon=True).start()
         time.sleep(3.0)  # warm-up: imports, first samples
         results = {}

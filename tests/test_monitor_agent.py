@@ -54,16 +54,16 @@ def wait_http(url: str, timeout: float = 20) -> None:
             time.sleep(0.1)
 
 
-def start_agent(job: str, node: str, port: int, prefix: list[str] = (), bind: str = "127.0.0.1") -> subprocess.Popen:
-    argv = [*prefix, *agent_argv(job, node, bind, port, sys.executable)]
+def start_agent(job: str, node: str, port: int, bind: str = "127.0.0.1") -> subprocess.Popen:
+    argv = agent_argv(job, node, bind, port, sys.executable)
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, cwd=REPO)
     wait_http(agent_url(bind, port) + "/healthz")
     return proc
 
 
-def start_rank(rank: int, port: int, steps: int, sleep: float, prefix: list[str] = ()) -> subprocess.Popen:
-    env = {**os.environ, **agent_env(port), "RANK": str(rank), "DTRAIN_JOB_ID": "jobX"}
-    return subprocess.Popen([*prefix, sys.executable, "-c", RANK_CODE, str(steps), str(sleep)], env=env, cwd=REPO)
+def start_rank(rank: int, port: int, steps: int, sleep: float, job: str = "jobX") -> subprocess.Popen:
+    env = {**os.environ, **agent_env(port), "RANK": str(rank), "DTRAIN_JOB_ID": job}
+    return subprocess.Popen([sys.executable, "-c", RANK_CODE, str(steps), str(sleep)], env=env, cwd=REPO)
 
 
 def readme_metrics() -> dict[str, str]:
@@ -126,7 +126,7 @@ def test_agent_listens_on_loopback_by_default():
 def test_collector_stores_series_flags_straggler_and_dead_node(tmp_path):
     ports = {"n1": free_port(), "n2": free_port()}
     agents = {n: start_agent("jobX", n, p) for n, p in ports.items()}
-    job_dir = tmp_path / "job"
+    job_dir = tmp_path / "jobX"  # named as the job: the collector checks whose agent answers
     found = []
     coll = Collector(job_dir, {n: agent_url("127.0.0.1", p) for n, p in ports.items()}, on_finding=found.append,
                      findings_every_s=1.0).start()
@@ -173,9 +173,25 @@ def test_local_monitoring_for_a_job_on_this_machine(tmp_path):
     with monitored(tmp_path / "job", "jobL", say=said.append) as env:
         assert set(env) == {"DTRAIN_AGENT_ADDR"}
         port = int(env["DTRAIN_AGENT_ADDR"].rsplit(":", 1)[1])
-        start_rank(0, port, steps=20, sleep=0.02).wait(timeout=60)
+        start_rank(0, port, steps=20, sleep=0.02, job="jobL").wait(timeout=60)
         time.sleep(1.5)
     store = Store.for_job(tmp_path / "job", readonly=True)
     assert store.rank_series()[("local", 0)]["steps_total"][-1] == 20
     assert len(store.node_series()["local"]["t"]) >= 2
     assert said == []
+
+
+def test_an_agent_of_another_job_is_not_taken_for_ours(agent, tmp_path):
+    # Two jobs on one node, the second one's agent could not bind the port: the first
+    # job's agent answers. Its series must not be stored as the second job's.
+    port, _ = agent  # the fixture's agent belongs to job "jobX"
+    found = []
+    coll = Collector(tmp_path / "jobY", {"nodeA": agent_url("127.0.0.1", port)}, on_finding=found.append,
+                     interval_s=0.2)
+    for _ in range(3):
+        coll.poll_once()
+    coll.stop()
+    assert [f.kind for f in found] == ["not_reporting"]
+    assert "belongs to job 'jobX'" in found[0].message
+    store = Store.for_job(tmp_path / "jobY", readonly=True)
+    assert store.node_series() == {}

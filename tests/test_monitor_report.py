@@ -137,3 +137,13 @@ def test_a_forked_child_does_not_report_as_its_parent(sink):
     os.waitpid(pid, 0)
     assert os.read(r, 16) == b"fresh"
     assert report._reporter is not None  # the parent keeps its own
+
+
+def test_the_agent_ignores_ranks_of_another_job():
+    table = RankTable("jobA")
+    ours = {"rank": 0, "pid": 1, "steps_total": 1, "step_time_total": 0.1, "data_wait_total": 0.0, "samples_total": 4}
+    assert table.ingest(json.dumps({**ours, "job": "jobB"}).encode()) is None
+    assert table.foreign_datagrams == 1 and table.snapshot() == {}
+    assert table.ingest(json.dumps({**ours, "job": "jobA"}).encode()) is not None
+    assert table.ingest(json.dumps({**ours, "job": "", "steps_total": 2}).encode()) is not None  # a plain script
+    assert table.snapshot()["0"]["steps_total"] == 2

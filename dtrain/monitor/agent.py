@@ -30,7 +30,7 @@ SNAPSHOT_VERSION = 1
 class Agent:
     def __init__(self, job: str, node: str, bind: str, port: int, interval: float = 1.0, udp_host: str = "127.0.0.1") -> None:
         self.job, self.node, self.interval = job, node, interval
-        self.ranks = RankTable()
+        self.ranks = RankTable(job)
         self.sampler = NodeSampler(job)
         self.stopping = threading.Event()
         self._host: dict[str, Any] = {}

@@ -46,8 +46,11 @@ class Collector:
         miss_limit: int = 3,
         findings_every_s: float = 5.0,
         on_finding: Callable[[rules.Finding], None] | None = None,
+        job_id: str | None = None,
     ) -> None:
         self.job_dir = Path(job_dir)
+        # An agent of another job answering on our port (ours could not bind it) is not ours.
+        self.job_id = self.job_dir.name if job_id is None else job_id
         self.clock = clock
         self.interval_s = interval_s
         self.miss_limit = miss_limit
@@ -55,7 +58,7 @@ class Collector:
         self.on_finding = on_finding
         self.nodes = {name: _NodeState(url) for name, url in endpoints.items()}
         self.store = Store.for_job(self.job_dir)
-        self.store.set_meta(job=self.job_dir.name, endpoints=endpoints, started=clock())
+        self.store.set_meta(job=self.job_id, endpoints=endpoints, started=clock())
         for name, st in self.nodes.items():
             self.store.upsert_node(name, st.url, clock(), "pending")
         self._pool = ThreadPoolExecutor(max_workers=min(32, max(1, len(self.nodes))), thread_name_prefix="poll")
@@ -104,7 +107,9 @@ class Collector:
             st = self.nodes[name]
             try:
                 snap = fut.result()
-            except Exception as exc:  # refused, timeout, bad JSON: all mean "no answer"
+                if snap.get("job") != self.job_id:
+                    raise ValueError(f"the agent there belongs to job {snap.get('job')!r}")
+            except Exception as exc:  # refused, timeout, bad JSON, wrong job: all mean "no answer"
                 self._missed(name, st, t, exc)
                 continue
             self._answered(name, st, t)

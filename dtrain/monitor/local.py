@@ -39,7 +39,7 @@ def monitored(job_dir: str | Path, job_id: str, *, node: str = "local", say: Cal
         yield {}
         return
     port = int(match.group(1))
-    collector = Collector(job_dir, {node: agent_url("127.0.0.1", port)},
+    collector = Collector(job_dir, {node: agent_url("127.0.0.1", port)}, job_id=job_id,
                           on_finding=lambda f: say(f"[dtrain] finding: {f.message}")).start()  # fmt: skip
     try:
         yield agent_env(port)

@@ -18,12 +18,14 @@ COUNTERS = ("steps_total", "step_time_total", "data_wait_total", "samples_total"
 
 
 class RankTable:
-    def __init__(self) -> None:
+    def __init__(self, job: str = "") -> None:
+        self.job = job
         self._lock = threading.Lock()
         self._ranks: dict[int, dict[str, Any]] = {}
         self._base: dict[int, dict[str, float]] = {}
         self._seen: dict[int, dict[str, Any]] = {}  # rank -> {"pid", counters as sent}
         self.bad_datagrams = 0
+        self.foreign_datagrams = 0
 
     def ingest(self, datagram: bytes) -> dict[str, Any] | None:
         """Fold one report_step datagram in; returns it parsed, or None if malformed."""
@@ -33,6 +35,10 @@ class RankTable:
             sent = {c: float(msg[c]) for c in COUNTERS}
         except (ValueError, KeyError, TypeError):
             self.bad_datagrams += 1
+            return None
+        if self.job and msg.get("job") and msg["job"] != self.job:
+            # a rank of another job on this node whose own agent could not take the port
+            self.foreign_datagrams += 1
             return None
         with self._lock:
             seen = self._seen.get(rank)
