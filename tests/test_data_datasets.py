@@ -173,17 +173,29 @@ def test_cache_decoded_serves_the_same_pixels(synth_data):
         assert torch.equal(plain[i][0], cached[i][0]) and plain[i][1] == cached[i][1]
 
 
-def test_brightness_contrast_agrees_with_torchvision_within_rounding():
+def test_augmentation_brightness_contrast_agrees_with_torchvision_within_rounding():
     from torchvision.transforms.v2 import functional as F
 
-    from dtrain.data.transforms import BrightnessContrast
+    from dtrain.data.transforms import InspectionAugment
 
     img = torch.randint(30, 220, (3, 16, 16), dtype=torch.uint8)
-    for seed in range(4):
-        torch.manual_seed(seed)
-        fb, fc = (1 + (2 * torch.rand(2) - 1) * 0.1).tolist()
-        torch.manual_seed(seed)
-        ours = BrightnessContrast(0.1, 0.1)(img)
+    aug = InspectionAugment(0.1, 0.1)
+    for fb, fc in ((0.93, 1.08), (1.1, 0.9), (1.0, 1.0), (0.9, 0.95)):
+        ours = aug.transform(img, {"k": 0, "flip": False, "fb": fb, "fc": fc})
         ref = F.adjust_contrast(F.adjust_brightness(img, fb), fc)
         assert ours.dtype == torch.uint8
         assert (ours.int() - ref.int()).abs().max() <= 2
+
+
+def test_augmentation_covers_all_eight_orientations_and_keeps_colour():
+    from dtrain.data.transforms import InspectionAugment
+
+    img = torch.arange(3 * 4 * 4, dtype=torch.uint8).reshape(3, 4, 4) * 5
+    aug = InspectionAugment(0.0, 0.0)
+    torch.manual_seed(0)
+    seen = {aug(img).numpy().tobytes() for _ in range(200)}
+    assert len(seen) == 8
+    coloured = torch.zeros(3, 8, 8, dtype=torch.uint8)
+    coloured[0], coloured[1], coloured[2] = 180, 120, 60  # rust-like
+    out = InspectionAugment(0.1, 0.1)(coloured).float()
+    assert out[0].mean() > out[1].mean() > out[2].mean()
