@@ -27,6 +27,8 @@ from dtrain.cluster.spec import ClusterSpec, NodeSpec
 PROBE_SOURCE = (Path(__file__).with_name("probe_remote.py")).read_text()
 MARK = "DTRAIN-PROBE "
 DEFAULT_PORT = 29500
+_SET = threading.Event()
+_SET.set()
 
 
 def run_preflight(cluster: ClusterSpec, *, master_port: int = DEFAULT_PORT, timeout: float = 20.0,
@@ -58,10 +60,8 @@ def run_preflight(cluster: ClusterSpec, *, master_port: int = DEFAULT_PORT, time
         try:
             runner = runner_factory(node, cluster)
             argv = [node.python, "-c", PROBE_SOURCE, json.dumps(args)]
-            if node is master:
-                probe = _probe_holding(runner, argv, report, node, timeout, others_done, clock)
-            else:
-                probe = _probe(runner, argv, report, node, timeout, clock)
+            # The master's probe keeps listening until the others are done; theirs end at once.
+            probe = _probe(runner, argv, report, node, timeout, others_done if node is master else _SET, clock)
             if probe is not None:
                 checks.judge_node(report, probe, node, master=master, master_port=master_port)
                 probes[node.name] = probe
@@ -94,22 +94,9 @@ def run_preflight(cluster: ClusterSpec, *, master_port: int = DEFAULT_PORT, time
 
 
 def _probe(runner: CommandRunner, argv: list[str], report: NodeReport, node: NodeSpec, timeout: float,
-           clock: Callable[[], float]) -> dict[str, Any] | None:
-    try:
-        res = runner.run(argv, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        report.fail("ssh", f"no answer within {timeout:.0f} s; check that the node is up and `ssh {node.host}` works")
-        return None
-    except FileNotFoundError as exc:
-        report.reachable = True
-        report.fail("python", _missing_python(node, str(exc)))
-        return None
-    return _parse(res.stdout, res.stderr, res.returncode, report, node, clock())
-
-
-def _probe_holding(runner: CommandRunner, argv: list[str], report: NodeReport, node: NodeSpec, timeout: float,
-                   release: threading.Event, clock: Callable[[], float]) -> dict[str, Any] | None:
-    """Run the master's probe, read its answer, keep it listening until `release`."""
+           release: threading.Event, clock: Callable[[], float]) -> dict[str, Any] | None:
+    """Run a node's probe and read its answer as it is printed (the clock-skew reading
+    is taken right then), then close its stdin once `release` is set and let it end."""
     deadline = time.monotonic() + timeout
     try:
         proc = runner.popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -121,7 +108,8 @@ def _probe_holding(runner: CommandRunner, argv: list[str], report: NodeReport, n
     lines: queue.Queue[str | None] = queue.Queue()
     threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
     errors: list[str] = []
-    threading.Thread(target=lambda: errors.append(proc.stderr.read()), daemon=True).start()
+    err_reader = threading.Thread(target=lambda: errors.append(proc.stderr.read()), daemon=True)
+    err_reader.start()
     stdout, received, timed_out = [], None, False
     while received is None:
         try:
@@ -136,8 +124,13 @@ def _probe_holding(runner: CommandRunner, argv: list[str], report: NodeReport, n
             received = clock()
     if received is not None:
         release.wait(max(0.0, deadline - time.monotonic()))
+    if timed_out:
+        proc.kill()
+        proc.wait()
+        report.fail("ssh", f"no answer within {timeout:.0f} s; check that the node is up and `ssh {node.host}` works")
+        return None
     try:
-        proc.stdin.close()  # the probe stops listening on EOF
+        proc.stdin.close()  # the master's probe stops listening on EOF
     except OSError:
         pass
     try:
@@ -145,10 +138,7 @@ def _probe_holding(runner: CommandRunner, argv: list[str], report: NodeReport, n
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-    if timed_out:
-        report.fail("ssh", f"no answer within {timeout:.0f} s; check that the node is up and `ssh {node.host}` works")
-        return None
-    time.sleep(0.05)  # let the stderr reader finish
+    err_reader.join(timeout=5)
     return _parse("".join(stdout), "".join(errors), proc.returncode, report, node, received or clock())
 
 
