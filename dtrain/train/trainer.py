@@ -116,11 +116,11 @@ class _Trainer:
             model = torch.compile(model)
         return State(raw, model, optimizer, scheduler, self.precision.grad_scaler(ctx.device))
 
-    def restore(self, state: State) -> None:
+    def restore(self, state: State) -> str:
+        """Load last.pt into `state`; returns what happened, for the log."""
         path = ckpt.find_resume(self.cfg.output_dir)
         if path is None:
-            self.log.message(f"resume: no checkpoint in {ckpt.checkpoint_dir(self.cfg.output_dir)}; starting fresh")
-            return
+            return f"resume: no checkpoint in {ckpt.checkpoint_dir(self.cfg.output_dir)}; starting fresh"
         blob = ckpt.load(path)
         state.raw.load_state_dict(blob["model"])
         state.optimizer.load_state_dict(blob["optimizer"])
@@ -133,7 +133,7 @@ class _Trainer:
             # Another world size splits the epoch differently: restart the epoch.
             state.step -= state.step_in_epoch
             state.step_in_epoch = 0
-        self.log.message(f"resumed from {path}: epoch {state.epoch}, step {state.step}")
+        return f"resumed from {path}: epoch {state.epoch}, step {state.step}"
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -143,10 +143,11 @@ class _Trainer:
         if ctx.is_main:
             Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
             (Path(cfg.output_dir) / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
-        if resume:
-            self.restore(state)
+        resumed = self.restore(state) if resume else None
         if ctx.is_main:
             self.log = RunLog(cfg.output_dir, self.stream, resume_step=state.step)
+            if resumed:
+                self.log.message(resumed)
             self.log.message(
                 f"training {cfg.model.arch} on {len(self.data.classes)} classes: world {ctx.world_size} on {ctx.device.type}, "
                 f"precision {self.precision.name}, {self.steps_per_epoch} steps/epoch x {cfg.epochs} epochs"

@@ -1,0 +1,162 @@
+"""Real multi-process training on CPU (gloo): DDP equivalence, resume after SIGKILL,
+and the plain `torchrun` entry. Tiny images (16 px) and a few steps keep them quick."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+TIMEOUT = 600
+
+
+def write_config(path: Path, data_root: Path, output_dir: Path, **top) -> Path:
+    cfg = {
+        "data": {"root": str(data_root), "image_size": 16, "num_workers": 0, "augment": False},
+        "model": {"arch": "resnet18"},
+        "optim": {"name": "adamw", "lr": 1e-3, "warmup_steps": 2},
+        "precision": "fp32",
+        "device": "cpu",
+        "threads": 1,
+        "log_every": 5,
+        "output_dir": str(output_dir),
+    }
+    for key, value in top.items():
+        if isinstance(value, dict):
+            cfg.setdefault(key, {}).update(value)
+        else:
+            cfg[key] = value
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def small_copy(src: Path, dst: Path, per_class: dict[str, int]) -> Path:
+    """A smaller data set of symlinks into `src`: the first n files of every class."""
+    for split, n in per_class.items():
+        for cls in sorted((src / split).iterdir()):
+            (dst / split / cls.name).mkdir(parents=True)
+            for f in sorted(cls.iterdir())[:n]:
+                (dst / split / cls.name / f.name).symlink_to(f)
+    return dst
+
+
+def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO)
+    assert proc.returncode == 0, f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+    return proc
+
+
+def final_state(output_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(output_dir / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((x.double() - b[k].double()).abs().max().item() for k, x in a.items() if x.numel())
+
+
+def test_ddp_two_ranks_equal_one_process_with_double_batch(synth_data, tmp_path):
+    """2 ranks x batch 8 (under plain torchrun) == 1 process x batch 16, after 4 steps.
+
+    Why they must be equal: the same seed gives both the same initial weights; the
+    DistributedSampler permutes the same way for any world size (seed + epoch), and rank
+    r takes positions r, r+2, ..., so each global step's 16 samples are the same set;
+    DDP averages the two ranks' mean-loss gradients, which is the 16-sample mean. What
+    would break it is excluded: no augmentation, GroupNorm instead of BatchNorm (batch
+    statistics would differ per 8-sample half), fp32, drop_last so no ragged batch, and
+    SGD: Adam divides by sqrt(v), which turns the float rounding differences of two
+    summation orders into lr-sized steps for near-zero gradients (measured: 3e-5 after
+    4 steps). Only the summation order differs, hence the 1e-5 tolerance.
+    """
+    common = dict(model={"norm": "group"}, optim={"name": "sgd", "lr": 0.05}, max_steps=4, epochs=1)
+    two = write_config(tmp_path / "two.yaml", synth_data, tmp_path / "two", batch_size=8, **common)
+    one = write_config(tmp_path / "one.yaml", synth_data, tmp_path / "one", batch_size=16, **common)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    out = run(torchrun + ["-m", "dtrain.train", str(two)])
+    assert "world 2 on cpu" in out.stderr + out.stdout
+    run([sys.executable, "-m", "dtrain.train", str(one)])
+    a, b = final_state(tmp_path / "two"), final_state(tmp_path / "one")
+    assert a["step"] == b["step"] == 4 and a["world_size"] == 2 and b["world_size"] == 1
+    assert max_diff(a["model"], b["model"]) <= 1e-5
+    # ... and training moved the weights far more than that, so the check has teeth.
+    assert max_diff(_fresh_weights(), b["model"]) > 1e-3
+
+
+def _fresh_weights() -> dict[str, torch.Tensor]:
+    from dtrain.models import ModelConfig, build_model
+
+    torch.manual_seed(0)
+    return build_model(ModelConfig(norm="group"), 6).state_dict()
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    parent = psutil.Process(proc.pid)
+    for p in parent.children(recursive=True) + [parent]:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait(timeout=30)
+
+
+def test_resume_after_sigkill_matches_an_uninterrupted_run(synth_data, tmp_path, dtrain_cmd):
+    """`dtrain train --nproc 2`, every process SIGKILLed once the epoch-1 checkpoint
+    exists, then `--resume`: the final weights equal an uninterrupted run's (CPU fp32).
+
+    With augmentation on, a DataLoader worker per rank and BatchNorm: resume has to
+    restore model, optimizer, scheduler, epoch/step and RNG, and the per-sample seeded
+    augmentation must not depend on worker history.
+    """
+    data = small_copy(synth_data, tmp_path / "data", {"train": 16, "val": 4})
+    extra = dict(epochs=4, batch_size=8, data={"augment": True, "num_workers": 1})
+    full = write_config(tmp_path / "full.yaml", data, tmp_path / "full", **extra)
+    killed = write_config(tmp_path / "killed.yaml", data, tmp_path / "killed", **extra)
+    run(dtrain_cmd + ["train", str(full), "--nproc", "2"])
+
+    # last.pt is published right after ckpt-epoch0001.pt: wait for the pair.
+    first = tmp_path / "killed" / "checkpoints" / "last.pt"
+    proc = subprocess.Popen(
+        dtrain_cmd + ["train", str(killed), "--nproc", "2"], cwd=REPO,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert first.exists(), f"no epoch-1 checkpoint; the run ended with {proc.poll()}"
+    finally:
+        _kill_tree(proc)
+    interrupted = final_state(tmp_path / "killed")
+    assert 1 <= interrupted["epoch"] < 4, "the kill came too late to test anything"
+
+    out = run(dtrain_cmd + ["train", str(killed), "--nproc", "2", "--resume"])
+    assert "resumed from" in out.stderr + out.stdout
+    a, b = final_state(tmp_path / "full"), final_state(tmp_path / "killed")
+    assert a["epoch"] == b["epoch"] == 4 and a["step"] == b["step"]
+    assert max_diff(a["model"], b["model"]) <= 1e-6
+    assert max_diff(a["model"], interrupted["model"]) > 1e-3
+
+
+@pytest.mark.parametrize("entry", ["cli", "module"])
+def test_misspelt_config_key_names_it_and_the_closest_valid_key(tmp_path, dtrain_cmd, entry):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("optim:\n  lrr: 0.1\nbatch_size: 4\n")
+    argv = dtrain_cmd + ["train", str(cfg)] if entry == "cli" else [sys.executable, "-m", "dtrain.train", str(cfg)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 3
+    assert "optim.lrr" in proc.stderr and "'optim.lr'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_misspelt_override_via_set(dtrain_cmd):
+    proc = subprocess.run(dtrain_cmd + ["train", "--set", "bach_size=4"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 3 and "'batch_size'" in proc.stderr and "Traceback" not in proc.stderr
