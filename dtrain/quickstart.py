@@ -30,7 +30,7 @@ IMAGES = 6000
 IMAGE_SIZE = 64
 SEED = 0
 # The synthesiser's knob: 0 = bold defects only, 1 = many faint and small ones.
-DIFFICULTY = 0.5
+DIFFICULTY = 0.0
 EPOCHS = 7
 TARGET_MISS_RATE = 0.005
 # The threshold keeps the validation miss rate's 95 % upper bound (not just the rate)
@@ -40,8 +40,8 @@ CALIBRATION = "bound95"
 TRAIN = {
     "model": {"arch": "resnet18"},
     # Per rank. Small batches: on a CPU the step count, not the batch, limits learning.
-    "batch_size": 32,
-    "optim": {"name": "adamw", "lr": 2e-3, "weight_decay": 0.05, "warmup_steps": 30},
+    "batch_size": 16,
+    "optim": {"name": "adamw", "lr": 2e-3, "weight_decay": 0.05, "warmup_steps": 50},
     "precision": "auto",
     "channels_last": True,
     "log_every": 10,
@@ -76,6 +76,7 @@ def train_config(opts: QuickstartOptions, data_dir: Path, output_dir: Path) -> d
 def ensure_data(data_dir: Path, opts: QuickstartOptions, images: int, stream: TextIO) -> dict[str, Any]:
     """Synthesise the data set unless one made with the same settings is already there."""
     from dtrain.data.synth import synthesize
+    from dtrain.inspect.progress import progress_bars
 
     wanted = {"images": images, "size": opts.image_size, "seed": opts.seed, "difficulty": opts.difficulty}
     manifest_path = data_dir / "manifest.json"
@@ -86,28 +87,9 @@ def ensure_data(data_dir: Path, opts: QuickstartOptions, images: int, stream: Te
             return manifest
         print(f"data: {data_dir} was made with other settings; synthesising it again", file=stream)
     print(f"data: synthesising {images} images of {opts.image_size} px into {data_dir}", file=stream)
-    with _bar(stream, "synthesise", images) as advance:
-        return synthesize(data_dir, images=images, size=opts.image_size, seed=opts.seed, progress=advance,
+    with progress_bars(stream) as bars:
+        return synthesize(data_dir, images=images, size=opts.image_size, seed=opts.seed, progress=bars("synthesise", images),
                           difficulty=opts.difficulty, force=True)
-
-
-class _bar:
-    """A rich progress bar whose `advance(n)` the synthesiser calls."""
-
-    def __init__(self, stream: TextIO, description: str, total: int) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeRemainingColumn(), console=Console(file=stream))
-        self.task = self.progress.add_task(description, total=total)
-
-    def __enter__(self):
-        self.progress.start()
-        return lambda n=1: self.progress.update(self.task, advance=n)
-
-    def __exit__(self, *exc) -> None:
-        self.progress.stop()
 
 
 def run_quickstart(opts: QuickstartOptions, stream: TextIO = sys.stdout) -> dict[str, Any]:
@@ -139,11 +121,12 @@ def run_quickstart(opts: QuickstartOptions, stream: TextIO = sys.stdout) -> dict
         raise DtrainError(f"training finished without a checkpoint at {checkpoint}", f"see the log above and {train_dir}")
 
     print("eval: predicting the validation and test splits", file=stream)
-    from dtrain.cli.eval_cmd import progress_bars
+    from dtrain.inspect.progress import progress_bars
 
-    with progress_bars(stream) as progress:
+    with progress_bars(stream) as bars:
         result = evaluate(
-            checkpoint, data_dir, opts.target_miss_rate, calibration=opts.calibration, out_dir=eval_dir, progress=progress
+            checkpoint, data_dir, opts.target_miss_rate, calibration=opts.calibration, out_dir=eval_dir,
+            progress=lambda split, total: bars(f"predict {split}", total),
         )
     report = {**result, **_training_figures(checkpoint, train_dir, train_time)}
     report.update(

@@ -28,10 +28,15 @@ def eval_command(
 ) -> None:
     """Accuracy, miss rate with its 95 % upper bound, false-alarm rate, threshold and plots for a checkpoint."""
     from dtrain.inspect.evaluate import evaluate, json_safe
+    from dtrain.inspect.progress import progress_bars
 
     out_dir = out or default_eval_dir(checkpoint)
-    with progress_bars(sys.stderr) as progress:
-        result = evaluate(checkpoint, data, target_miss_rate, calibration=calibration, out_dir=out_dir, batch_size=batch_size, progress=progress)
+    # Bars on stderr: with --json, stdout carries only the JSON.
+    with progress_bars(sys.stderr) as bars:
+        result = evaluate(
+            checkpoint, data, target_miss_rate, calibration=calibration, out_dir=out_dir, batch_size=batch_size,
+            progress=lambda split, total: bars(f"predict {split}", total),
+        )
     if as_json:
         typer.echo(json.dumps(json_safe(result), indent=2))
     else:
@@ -42,26 +47,6 @@ def default_eval_dir(checkpoint: Path) -> Path:
     """RUN/eval for RUN/checkpoints/last.pt; next to the file otherwise."""
     parent = checkpoint.resolve().parent
     return (parent.parent if parent.name == "checkpoints" else parent) / "eval"
-
-
-def progress_bars(stream):
-    """A context manager yielding `progress(split, total) -> advance(n)` backed by rich bars."""
-    from contextlib import contextmanager
-
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    @contextmanager
-    def bars():
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-        with Progress(*columns, console=Console(file=stream), transient=False) as bar:
-            def start(split: str, total: int):
-                task = bar.add_task(f"predict {split}", total=total)
-                return lambda n: bar.update(task, advance=n)
-
-            yield start
-
-    return bars()
 
 
 def print_summary(result: dict, out_dir: Path | None = None, console=None) -> None:
