@@ -27,7 +27,7 @@ from dtrain.data.synth_defects import DEFECTS
 from dtrain.data.synth_surface import Look, new_canvas, render
 from dtrain.errors import DtrainError
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 CLASSES = ["ok", *DEFECTS]  # "ok" first: the negative class
 SPLITS = ("train", "val", "test")
 # Images per process task, and the set size from which worker processes pay off.
@@ -58,8 +58,8 @@ def render_image(
 
 def severity(rng: np.random.Generator, difficulty: float) -> float:
     """Severity in [floor, 1]; higher difficulty = lower floor and more mass near it."""
-    floor = 0.55 - 0.35 * difficulty
-    return float(floor + (1 - floor) * rng.random() ** (0.5 + 1.5 * difficulty))
+    floor = 0.7 - 0.5 * difficulty
+    return float(floor + (1 - floor) * rng.random() ** (0.5 + difficulty))
 
 
 def plan_counts(images: int, split_fractions: tuple[float, float, float], ok_fraction: float) -> dict[str, dict[str, int]]:

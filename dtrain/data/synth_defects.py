@@ -96,7 +96,7 @@ def pit(rng: Rng, c: Canvas, v: float) -> None:
     count = int(rng.integers(1, 5))
     for _ in range(count):
         x, y = (float(t) for t in centre + rng.normal(0, c.n * 0.05, 2))
-        r = c.n * rng.uniform(0.012, 0.028) * (0.6 + 0.4 * v)
+        r = c.n * rng.uniform(0.016, 0.03) * (0.6 + 0.4 * v)
         d = np.hypot(c.xx - x, c.yy - y)
         core = expit((r - d) / (0.25 * r + 0.3))
         c.albedo *= 1 - v * rng.uniform(0.5, 0.8) * core

@@ -62,7 +62,7 @@ def brushed(rng: Rng, c: Canvas) -> None:
         return np.exp(-((along / sharp) ** 2)) * across**-0.6
 
     s = spectral_noise(rng, c.n, streaks)
-    c.height += rng.uniform(0.4, 0.9) * s
+    c.height += rng.uniform(0.3, 0.7) * s
     c.albedo *= 1 + rng.uniform(0.03, 0.08) * s + 0.03 * fractal(rng, c.n, 3.0)
 
 
@@ -83,7 +83,7 @@ def machined(rng: Rng, c: Canvas) -> None:
     wobble = 0.6 * fractal(rng, c.n, 3.0)
     phase = 2 * np.pi * r / period + wobble
     grooves = np.sin(phase) + 0.35 * np.sin(2 * phase + rng.uniform(0, 2 * np.pi))
-    c.height += rng.uniform(0.3, 0.6) * grooves + 0.2 * fractal(rng, c.n, 1.0)
+    c.height += rng.uniform(0.25, 0.5) * grooves + 0.2 * fractal(rng, c.n, 1.0)
     c.albedo *= 1 + rng.uniform(0.03, 0.06) * grooves + 0.04 * fractal(rng, c.n, 3.0)
 
 
