@@ -35,15 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.exit_status)
     except KeyboardInterrupt:
         return 130
-    if result.checkpoint is not None and (result.world_size == 1 or _rank() == 0):
+    if result.checkpoint is not None and os.environ.get("RANK", "0") == "0":
         print(f"checkpoint: {result.checkpoint}")
     return 0
-
-
-def _rank() -> int:
-    import os
-
-    return int(os.environ.get("RANK", "0"))
 
 
 if __name__ == "__main__":

@@ -220,9 +220,9 @@ class _Trainer:
             self.flush_window(state, window, state.optimizer.param_groups[0]["lr"])
 
     def flush_window(self, state: State, window: "_Window", lr: float) -> None:
-        loss_sum, count, samples = dist.all_reduce_sum([float(window.loss_sum), window.count, window.samples], self.ctx)
+        loss_sum, images = dist.all_reduce_sum([float(window.loss_sum), window.images], self.ctx)
         elapsed = time.perf_counter() - window.t0
-        values = {"loss": loss_sum / max(count, 1), "lr": lr, "images_per_s": samples / max(elapsed, 1e-9)}
+        values = {"loss": loss_sum / max(images, 1), "lr": lr, "images_per_s": images / max(elapsed, 1e-9)}
         self.last_metrics.update(train_loss=values["loss"], images_per_s=values["images_per_s"])
         self.log.train(state.step, state.epoch, values)
         window.reset()
@@ -286,13 +286,11 @@ class _Window:
 
     def reset(self) -> None:
         self.loss_sum: torch.Tensor | float = 0.0
-        self.count = 0
-        self.samples = 0
+        self.images = 0
         self.steps = 0
         self.t0 = time.perf_counter()
 
     def add(self, loss: torch.Tensor, n: int) -> None:
         # loss is a batch mean; weight by batch size so the window mean is per image.
         self.loss_sum = self.loss_sum + loss.float() * n
-        self.count += n
-        self.samples += n
+        self.images += n
