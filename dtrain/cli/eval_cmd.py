@@ -23,7 +23,7 @@ def eval_command(
         help="rate: validation miss rate <= target; bound95: its 95 % upper bound <= target (stricter, fewer test misses).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the evaluation JSON to stdout instead of a table."),
-    out: Path | None = typer.Option(None, "--out", help="Where to write evaluation.json and the plots [default: RUN/eval]."),
+    out: Path | None = typer.Option(None, "--out", help="Where to write evaluation.json and the plots (default: RUN/eval next to RUN/checkpoints)."),
     batch_size: int = typer.Option(256, "--batch-size", min=1, help="Images per inference batch."),
 ) -> None:
     """Accuracy, miss rate with its 95 % upper bound, false-alarm rate, threshold and plots for a checkpoint."""
@@ -80,10 +80,10 @@ def print_summary(result: dict, out_dir: Path | None = None, console=None) -> No
 
 def quickstart_command(
     workdir: Path = typer.Option(Path("runs/quickstart"), "--workdir", help="Where data, checkpoints and the report go."),
-    images: int | None = typer.Option(None, "--images", min=60, help="Images to synthesise [default: the tuned recipe's]."),
-    epochs: int | None = typer.Option(None, "--epochs", min=1, help="Training epochs [default: the tuned recipe's]."),
-    nproc: int | None = typer.Option(None, "--nproc", min=1, help="DDP processes [default: one per GPU, else 2 (capped by cores)]."),
-    image_size: int | None = typer.Option(None, "--image-size", min=16, max=512, help="Image side in pixels [default: the recipe's]."),
+    images: int | None = typer.Option(None, "--images", min=60, help="Images to synthesise (default: the recipe's 6000)."),
+    epochs: int | None = typer.Option(None, "--epochs", min=1, help="Training epochs (default: the recipe's)."),
+    nproc: int | None = typer.Option(None, "--nproc", min=1, help="DDP processes (default: one per GPU, else 2, capped by the cores)."),
+    image_size: int | None = typer.Option(None, "--image-size", min=16, max=512, help="Image side in pixels (default: the recipe's 64)."),
 ) -> None:
     """The whole recipe on this machine: synthesise data, train with DDP, evaluate, write report.json + report.html."""
     from dtrain.quickstart import QuickstartOptions, run_quickstart
