@@ -156,7 +156,9 @@ def test_preprocess_image_matches_the_evaluation_pipeline(synth_data):
     array = np.asarray(pil.convert("RGB"))
     buf = io.BytesIO()
     pil.save(buf, format="PNG")
-    for source in (pil, array, torch.from_numpy(array.copy()), buf.getvalue(), path):
+    bmp = io.BytesIO()
+    pil.save(bmp, format="BMP")  # not a torchvision codec: decoded by Pillow
+    for source in (pil, array, torch.from_numpy(array.copy()), buf.getvalue(), path, bmp.getvalue()):
         out = preprocess_image(source, 48)
         assert out.dtype == torch.uint8 and out.shape == (3, 48, 48)
         assert torch.equal(out, expected), type(source)

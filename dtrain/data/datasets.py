@@ -16,36 +16,21 @@ import uuid
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset, default_collate
 
 from dtrain.data.config import DataConfig
 from dtrain.data.layouts import scan
-from dtrain.data.transforms import decode_uint8, resize_uint8, train_augmentation
+from dtrain.data.transforms import read_image, resize_uint8, train_augmentation
 
 log = logging.getLogger("dtrain.data")
 
-# torchvision decodes these natively; the rest go through Pillow.
-_NATIVE = frozenset({".png", ".jpg", ".jpeg", ".webp", ".gif"})
-# What a damaged, truncated, missing or unsupported file raises while being decoded.
+# What a damaged, truncated, missing or unsupported file raises while being decoded
+# (Pillow raises SyntaxError for some broken headers).
 _READ_ERRORS = (RuntimeError, OSError, ValueError, SyntaxError)
 
 Sample = tuple[torch.Tensor, int]
-
-
-def read_image(path: str) -> torch.Tensor:
-    """One file -> uint8 [3, H, W]; raises one of _READ_ERRORS when unreadable."""
-    if Path(path).suffix.lower() in _NATIVE:
-        from torchvision.io import read_file
-
-        return decode_uint8(read_file(path))
-    from PIL import Image
-    from torchvision.transforms.v2.functional import pil_to_tensor
-
-    with Image.open(path) as im:
-        return pil_to_tensor(im.convert("RGB"))
 
 
 class InspectionDataset(Dataset):

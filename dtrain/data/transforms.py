@@ -25,6 +25,9 @@ from torchvision.transforms.v2 import functional as F
 # DataLoader worker and bury real ones.
 warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision", category=DeprecationWarning)
 
+# torchvision decodes these natively; the rest go through Pillow.
+_NATIVE = frozenset({".png", ".jpg", ".jpeg", ".webp", ".gif"})
+
 # ImageNet statistics: a `pretrained: PATH` ResNet expects them, and for random init
 # any fixed affine map is as good as another. Stored in every checkpoint.
 MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
@@ -42,6 +45,30 @@ def decode_uint8(data: torch.Tensor) -> torch.Tensor:
     return img
 
 
+def decode_bytes(data: bytes | bytearray | memoryview) -> torch.Tensor:
+    """Encoded image of any format Pillow knows -> uint8 [3, H, W]; torchvision's
+    decoder first (PNG/JPEG/WebP/GIF, fast), Pillow for the rest (BMP, TIFF)."""
+    try:
+        return decode_uint8(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    except RuntimeError:
+        import io
+
+        from PIL import Image
+
+        with Image.open(io.BytesIO(data)) as im:
+            return F.pil_to_tensor(im.convert("RGB"))
+
+
+def read_image(path: str | Path) -> torch.Tensor:
+    """One file -> uint8 [3, H, W]; raises RuntimeError / OSError / ValueError when the
+    file is missing, damaged or not an image."""
+    if Path(path).suffix.lower() in _NATIVE:
+        from torchvision.io import read_file
+
+        return decode_uint8(read_file(str(path)))
+    return decode_bytes(Path(path).read_bytes())
+
+
 def resize_uint8(img: torch.Tensor, size: int) -> torch.Tensor:
     if img.shape[-2:] == (size, size):
         return img
@@ -52,9 +79,9 @@ def preprocess_image(image: Any, size: int) -> torch.Tensor:
     """PIL image, array/tensor (HWC or CHW, grey or RGB), encoded bytes or a path ->
     uint8 [3, size, size], prepared exactly like the training images (minus augmentation)."""
     if isinstance(image, (str, Path)):
-        image = Path(image).read_bytes()
-    if isinstance(image, (bytes, bytearray, memoryview)):
-        img = decode_uint8(torch.frombuffer(bytearray(image), dtype=torch.uint8))
+        img = read_image(image)
+    elif isinstance(image, (bytes, bytearray, memoryview)):
+        img = decode_bytes(image)
     elif isinstance(image, torch.Tensor):
         img = _as_chw_uint8(image)
     elif hasattr(image, "convert") and hasattr(image, "size"):  # PIL.Image
