@@ -7,7 +7,10 @@ images are rendered in any order. PNGs are written with a fixed compression leve
 no metadata, so equal pixels give equal bytes.
 
 Difficulty (0..1) moves the severity distribution of defects towards faint and small
-ones; the default keeps a ResNet-18 at 64 px able to separate every class.
+ones. At the default 0.5 every severity is >= 0.45 (mean ~0.73); measured at 64 px over
+40 images per class, the faintest defect still changes its image by 15 (scratch) to 24
+(pit) grey levels at its strongest pixel, the median by 38-61 (compare
+`render_image(...)` with `render_image(..., with_defect=False)`).
 """
 
 from __future__ import annotations
