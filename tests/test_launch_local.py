@@ -70,3 +70,26 @@ def test_detach_logs_stop_and_dead_supervisor(dtrain_home):
     assert wait_gone(killed) == []
     status = json.loads(dtrain("status", killed, "--json").stdout)
     assert status["state"] == "failed" and status["reason"] == "supervisor died"
+
+
+def test_ctrl_c_stops_the_whole_job(dtrain_home):
+    import subprocess
+    import sys
+
+    from launch_helpers import REPO
+
+    proc = subprocess.Popen([sys.executable, "-m", "dtrain", "run", "--no-preflight", "--hosts", "local,local",
+                             "--port", str(free_port()), "--", "python", TICKER, "--ticks", "100000"],
+                            cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "rank 1 tick 1" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    job_id = job_id_of("".join(lines))
+    assert f"job {job_id} stopped: interrupted (Ctrl-C)" in out
+    assert json.loads(dtrain("status", job_id, "--json").stdout)["state"] == "stopped"
+    assert wait_gone(job_id) == []

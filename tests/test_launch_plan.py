@@ -116,3 +116,20 @@ def test_run_without_command_is_a_user_error(dtrain_home):
     res = subprocess.run([sys.executable, "-m", "dtrain", "run", "--dry-run"], capture_output=True, text=True,
                          timeout=60)
     assert res.returncode != 0 and "no command to run" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_job_yaml_with_flags_on_top(tmp_path, dtrain_home):
+    job = tmp_path / "job.yaml"
+    job.write_text("name: nightly\ncommand: [python, train.py, --lr, '0.1']\nnproc_per_node: 2\n"
+                   "rdzv: elastic\nmax_restarts: 2\nenv: {A: '1'}\n")
+    res = subprocess.run([sys.executable, "-m", "dtrain", "run", "--job", str(job), "--dry-run",
+                          "--nproc-per-node", "3", "--env", "B=2"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    run = shlex.split(next(ln for ln in res.stdout.splitlines() if ln.startswith("  run: ")).split("run: ", 1)[1])
+    assert run[run.index("--nproc-per-node") + 1] == "3" and run[run.index("--max-restarts") + 1] == "2"
+    assert run[-3:] == ["train.py", "--lr", "0.1"] and "(nightly)" in res.stdout
+    assert "  env: A=1" in res.stdout and "  env: B=2" in res.stdout
+    job.write_text("command: [x.py]\nrdvz: elastic\n")
+    res = subprocess.run([sys.executable, "-m", "dtrain", "run", "--job", str(job), "--dry-run"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 3 and "did you mean 'rdzv'" in res.stderr

@@ -100,10 +100,11 @@ class JobSession:
         logs.mkdir(parents=True, exist_ok=True)
         self.combined = open(self.job_dir / "output.log", "a", buffering=1, encoding="utf-8")
         self.watchdog = Watchdog(self.plan.hang_timeout, self.clock(), [n.name for n in self.plan.nodes])
-        monitoring = Monitoring(self.plan, self.runners, self.job_dir, self._say).start()
+        monitoring = Monitoring(self.plan, self.runners, self.job_dir, self._say)
         try:
             for launch in self.plan.nodes:
                 self._start(launch, logs)
+            monitoring.start()  # after torchrun is on its way: never on the launch's path
             return self._loop()
         finally:
             self._kill_all()
