@@ -54,6 +54,7 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=512)
     ap.add_argument("--seconds", type=float, default=3.0, help="minimum timing per contender")
     ap.add_argument("--target-miss-rate", type=float, default=0.005)
+    ap.add_argument("--backends", default=None, help="comma-separated candidates for the export (default: all)")
     args = ap.parse_args()
     if not Path(args.checkpoint).is_file():
         sys.exit(f"no checkpoint at {args.checkpoint}: run `./dev quickstart` first, or pass --checkpoint/--data")
@@ -65,7 +66,8 @@ def main() -> None:
     if not args.model_dir:
         print(f"exporting to {model_dir} (ONNX fp32 + int8, torch program; every backend verified and timed) ...", flush=True)
         export(ExportOptions(checkpoint=args.checkpoint, out=str(model_dir), format="all", quantize="int8",
-                             data=cfg.root, target_miss_rate=args.target_miss_rate),
+                             data=cfg.root, target_miss_rate=args.target_miss_rate,
+                             backends=args.backends.split(",") if args.backends else None),
                step=lambda msg: print(f"  {msg}", flush=True))
     from dtrain.serve.model_dir import load_card
 
