@@ -146,7 +146,8 @@ def main() -> None:
     from dtrain.data.synth import synthesize
 
     data = args.out / f"data-{args.images}-{args.size}"
-    synthesize(data, images=args.images, size=args.size, seed=0)
+    if not (data / "manifest.json").exists():  # same seed, same bytes: reuse a finished set
+        synthesize(data, images=args.images, size=args.size, seed=0)
     steps = args.steps + args.warmup
     gb = 2 * args.batch
 
