@@ -187,6 +187,7 @@ class ShardDataset(Dataset):
         worker = info.id if info is not None else 0
         rank = os.environ.get("RANK", "0")
         path = os.path.join(self._trace_dir, f"{self.split}-rank{rank}-worker{worker}.txt")
+        os.makedirs(self._trace_dir, exist_ok=True)
         with open(path, "a", encoding="utf-8") as fh:  # one short O_APPEND write per batch
             fh.write(" ".join(map(str, indices)) + "\n")
 
