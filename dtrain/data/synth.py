@@ -8,8 +8,8 @@ no metadata, so equal pixels give equal bytes.
 
 Difficulty (0..1) moves the severity distribution of defects towards faint and small
 ones. At the default 0.5 every severity is >= 0.45 (mean ~0.73); measured at 64 px over
-40 images per class, the faintest defect still changes its image by 15 (scratch) to 24
-(pit) grey levels at its strongest pixel, the median by 38-61 (compare
+40 images per class, the faintest defect still changes its image by 18 (scratch) to 27
+(dent) grey levels at its strongest pixel, the median by 41-62 (compare
 `render_image(...)` with `render_image(..., with_defect=False)`).
 """
 
@@ -30,7 +30,7 @@ from dtrain.data.synth_defects import DEFECTS
 from dtrain.data.synth_surface import Look, new_canvas, render
 from dtrain.errors import DtrainError
 
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3
 CLASSES = ["ok", *DEFECTS]  # "ok" first: the negative class
 SPLITS = ("train", "val", "test")
 # Images per process task, and the set size from which worker processes pay off.

@@ -53,7 +53,7 @@ def _inside(rng: Rng, n: int, margin: float = 0.12) -> np.ndarray:
 def scratch(rng: Rng, c: Canvas, v: float) -> None:
     length = c.n * rng.uniform(0.25, 0.75) * (0.55 + 0.45 * v)
     pts = _walk(rng, _inside(rng, c.n, 0.2), rng.uniform(0, 2 * np.pi), length, 24, rng.normal(0, 0.02), 0.01)
-    width = c.n * rng.uniform(0.008, 0.015) * (0.7 + 0.4 * v)
+    width = c.n * rng.uniform(0.01, 0.018) * (0.7 + 0.4 * v)
     line = np.exp(-((polyline_distance(c, pts, 4 * width) / width) ** 2))
     # A scratch is a groove whose walls catch the light: mostly bright, rarely dark.
     sign = 1.0 if rng.random() < 0.85 else -0.7
@@ -62,7 +62,7 @@ def scratch(rng: Rng, c: Canvas, v: float) -> None:
 
 
 def crack(rng: Rng, c: Canvas, v: float) -> None:
-    length = c.n * rng.uniform(0.2, 0.55) * (0.6 + 0.4 * v)
+    length = c.n * rng.uniform(0.28, 0.55) * (0.7 + 0.3 * v)
     start = _inside(rng, c.n, 0.2)
     heading = rng.uniform(0, 2 * np.pi)
     paths = [_walk(rng, start, heading, length, 30, 0.0, 0.08, 0.6)]
@@ -87,7 +87,7 @@ def dent(rng: Rng, c: Canvas, v: float) -> None:
     b = (-du * sin + dv * cos) / r
     bump = np.exp(-0.5 * (a * a + b * b))
     # Shading goes with slope ~ depth / r: depth scales with r to keep it visible.
-    c.height -= v * r * rng.uniform(3.5, 5.5) * bump
+    c.height -= v * r * rng.uniform(4.5, 6.5) * bump
     c.albedo *= 1 - v * 0.08 * bump
 
 
