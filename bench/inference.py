@@ -92,9 +92,15 @@ def main() -> None:
     rows = []
     naive_ips, naive_out = timed(naive, singles, args.seconds)
     p_naive = 1.0 - softmax64(np.concatenate(naive_out))[:, neg]
-    rows.append(("naive PyTorch eager fp32", 1, naive_ips, 1.0, 0.0))
+    naive_cls = _classes(naive_out, neg, card.threshold)
+    rows.append(("naive PyTorch eager fp32", 1, naive_ips, 1.0, 1.0, 0.0))
+
+    def compare(out) -> tuple[float, float, float]:
+        same_class = float(np.mean(_classes(out, neg, card.threshold) == naive_cls))
+        return _agree(out, p_naive, neg, card.threshold), same_class, _dmax(out, p_naive, neg)
+
     eager32_ips, eager32_out = timed(naive, batches, args.seconds)
-    rows.append(("PyTorch eager fp32", 32, eager32_ips, _agree(eager32_out, p_naive, neg, card.threshold), _dmax(eager32_out, p_naive, neg)))
+    rows.append(("PyTorch eager fp32", 32, eager32_ips, *compare(eager32_out)))
     for name in sorted(card.backends, key=lambda b: (b != card.preferred_backend, b)):
         backend = get_backend(name)
         run = backend.load(model_dir / card.backends[name])
@@ -103,12 +109,12 @@ def main() -> None:
                 continue
             ips, out = timed(run, items, args.seconds)
             label = f"dtrain {name}" + (" (chosen)" if name == card.preferred_backend else "")
-            rows.append((label, batch, ips, _agree(out, p_naive, neg, card.threshold), _dmax(out, p_naive, neg)))
+            rows.append((label, batch, ips, *compare(out)))
 
-    print("| contender | batch | images/s | vs naive | verdicts = naive | max abs dP(defect) |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for label, batch, ips, agree, dmax in rows:
-        print(f"| {label} | {batch} | {ips:.1f} | {ips / naive_ips:.2f}x | {agree:.2%} | {dmax:.1e} |")
+    print("| contender | batch | images/s | vs naive | verdicts = naive | classes = naive | max abs dP(defect) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for label, batch, ips, agree, same_class, dmax in rows:
+        print(f"| {label} | {batch} | {ips:.1f} | {ips / naive_ips:.2f}x | {agree:.2%} | {same_class:.2%} | {dmax:.1e} |")
     chosen = next(r for r in rows if "(chosen)" in r[0] and r[1] == 32)
     print(f"\nchosen backend at batch 32: {chosen[2] / naive_ips:.2f}x the naive loop, {chosen[3]:.2%} same verdicts "
           f"(target >= 5x, >= 99.5 %)")
@@ -117,6 +123,13 @@ def main() -> None:
 
 def _p(out, neg: int) -> np.ndarray:
     return 1.0 - softmax64(np.concatenate(out))[:, neg]
+
+
+def _classes(out, neg: int, threshold: float) -> np.ndarray:
+    """The class each image is reported as (the threshold applied, as dtrain inspect does)."""
+    from dtrain.inspect.metrics import decide
+
+    return decide(softmax64(np.concatenate(out)), neg, threshold)
 
 
 def _agree(out, p_naive: np.ndarray, neg: int, threshold: float) -> float:
