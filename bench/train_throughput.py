@@ -97,7 +97,7 @@ def run_dtrain(data: Path, size: int, batch: int, steps: int, out_dir: Path, ext
         "log_every": 1, "optim.lr": LR, "optim.warmup_steps": 0, "optim.min_lr_ratio": 1.0,
         "output_dir": out_dir, "checkpoint_every": 1000,
         # The baseline validates nothing, so neither does this side (no val pass timed).
-        "data.val_split": "",
+        "val_every_epoch": False,
     }
     argv = [sys.executable, "-m", "dtrain", "train", "--nproc", "2"]
     argv += [a for k, v in sets.items() for a in ("--set", f"{k}={v}")] + [a for e in extra for a in ("--set", e)]

@@ -40,6 +40,7 @@ class TrainConfig(StrictModel):
     # How many ckpt-epochNNNN.pt files to keep (the oldest go first); last.pt is extra.
     keep_checkpoints: int = Field(3, ge=1)
     log_every: int = Field(10, ge=1)  # steps
+    val_every_epoch: bool = True  # loss/accuracy on data.val_split after every epoch
     max_steps: int | None = Field(None, ge=1)  # stop early (tests, benchmarks)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # torch intra-op threads per rank; None = this node's cores / its number of ranks

@@ -229,7 +229,7 @@ class _Trainer:
 
     @torch.no_grad()
     def evaluate(self, state: State) -> None:
-        if self.data.val is None:
+        if self.data.val is None or not self.cfg.val_every_epoch:
             return
         model, dev = state.raw, self.ctx.device
         model.eval()
