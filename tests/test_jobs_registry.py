@@ -59,6 +59,23 @@ def test_dead_supervisor_marked_failed_on_read(dtrain_home):
     assert reg.list()[0].state is JobState.FAILED
 
 
+def test_unreaped_supervisor_counts_as_dead(dtrain_home):
+    # In a container whose PID 1 never reaps orphans, a killed supervisor stays a zombie.
+    import signal
+    import time
+
+    reg = JobRegistry()
+    rec = reg.create("zombie", ["h1"], 1)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    reg.set_supervisor(rec.id, proc.pid)
+    reg.mark_running(rec.id)
+    assert reg.get(rec.id).state is JobState.RUNNING
+    proc.send_signal(signal.SIGKILL)
+    time.sleep(0.5)  # dead but not waited for: a zombie
+    assert reg.get(rec.id).state is JobState.FAILED
+    proc.wait()
+
+
 def test_live_supervisor_stays_running(dtrain_home):
     import os
 

@@ -66,7 +66,12 @@ def process_start_time(pid: int) -> float | None:
     import psutil
 
     try:
-        return psutil.Process(pid).create_time()
+        proc = psutil.Process(pid)
+        # A killed supervisor whose parent never reaps it (PID 1 in many containers is not
+        # an init) stays a zombie: it has a start time, but it is dead.
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc.create_time()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
 
