@@ -75,6 +75,19 @@ def test_mvtec_layout_carves_a_seeded_val_split(synth_data, tmp_path):
     assert img.shape == (3, 32, 32)
 
 
+def test_empty_val_split_means_no_validation_split(synth_data, tmp_path):
+    """val_split "" must not make ROOT itself a split (its train/val/test folders classes)."""
+    cfg = DataConfig(root=str(synth_data), image_size=32, val_split="")
+    train = open_split(cfg, "train", train=False)
+    assert train.classes == sorted(CLASSES)
+    assert train.paths == open_split(DataConfig(root=str(synth_data), image_size=32), "train", train=False).paths
+    _mvtec_tree(synth_data, tmp_path)
+    mv = DataConfig(root=str(tmp_path), layout="mvtec", category="metal_plate", val_split="")
+    test = open_split(mv, "test", train=False)
+    assert len(test) == 23  # nothing carved out for a val split that does not exist
+    assert test.classes == ["crack", "good", "scratch"]
+
+
 def test_mvtec_train_fraction_moves_defects_into_train_without_overlap(synth_data, tmp_path):
     _mvtec_tree(synth_data, tmp_path)
     cfg = DataConfig(root=str(tmp_path), layout="mvtec", category="metal_plate", mvtec_train_fraction=0.5, negative_class="good")

@@ -12,7 +12,8 @@ A layout is a function `(cfg, split) -> Listing`, registered by name in `LAYOUTS
   taken before the val carve so the three splits never overlap.
 
 Classes are the sorted union of the class folders of all splits, so every split of one
-data set agrees on the label numbering. "ok" and "good" are synonyms for the negative
+data set agrees on the label numbering. An empty split name (`val_split: ""`) means the
+data set has no such split: it adds no classes, and MVTec carves no val split. "ok" and "good" are synonyms for the negative
 class: the config default "ok" works on MVTec's "good" without an override.
 """
 
@@ -99,7 +100,8 @@ def imagefolder(cfg: DataConfig, split: str) -> Listing:
             f"expected ROOT/<split>/<class>/*.png; `dtrain data synth {root}` writes that layout",
         )
     classes: set[str] = set()
-    for name in {cfg.train_split, cfg.val_split, cfg.test_split, split}:
+    # "" is "no such split"; root / "" would be the root itself, its split folders as classes.
+    for name in {cfg.train_split, cfg.val_split, cfg.test_split, split} - {""}:
         if (root / name).is_dir():
             classes.update(_class_dirs(root / name))
     if not classes:
@@ -157,7 +159,7 @@ def mvtec(cfg: DataConfig, split: str) -> Listing:
         pool = _shuffled(pool, cfg.split_seed, name)
         n_train = int(len(pool) * cfg.mvtec_train_fraction)
         rest = pool[n_train:]
-        n_val = int(round(len(rest) * cfg.mvtec_val_fraction))
+        n_val = int(round(len(rest) * cfg.mvtec_val_fraction)) if cfg.val_split else 0
         chosen = {"train": official_train + pool[:n_train], "val": rest[:n_val], "test": rest[n_val:]}[role]
         files[name] = sorted(chosen)
     return _listing(classes, cfg.negative_class, base, files)
