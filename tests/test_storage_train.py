@@ -5,7 +5,8 @@
 - one epoch over 2 nodes x 2 ranks x 2 loader workers delivers every sample exactly once
   (plus DistributedSampler's padding: the first `pad` ids of the epoch's permutation are
   repeated so that every rank gets ceil(N / world) samples);
-- a run stopped mid-epoch and resumed fetches each remaining sample exactly once.
+- a run SIGKILLed mid-epoch (after a step-based checkpoint) and resumed fetches each
+  remaining sample exactly once.
 
 Sample ids come from DTRAIN_DATA_TRACE: each loader worker appends one line per batch.
 """
@@ -13,20 +14,26 @@ Sample ids come from DTRAIN_DATA_TRACE: each loader worker appends one line per 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 import yaml
+from torch.utils.data import DistributedSampler
 
 from dtrain.data.config import DataConfig
 from dtrain.data.shard_push import parse_size, push
 from dtrain.data.shard_verify import load_manifest, verify
 from dtrain.data.storage import open_store
+from dtrain.train.trainer import STALL_ENV
 
 TRACE = "DTRAIN_DATA_TRACE"
 
@@ -151,32 +158,79 @@ def test_two_nodes_two_ranks_two_workers_see_each_sample_once(synth_data, tmp_pa
         assert sum(len(b) for w in range(2) for b in batches[f"rank{r}-worker{w}"]) == per_rank
 
 
-def test_resumed_run_fetches_each_remaining_sample_once(synth_data, tmp_path):
+def _kill_process_groups(proc: subprocess.Popen) -> None:
+    """SIGKILL every process group of the run at once, as a power cut would: the launcher's
+    and each rank's (torch's elastic agent starts every rank in its own session); loader
+    workers share their rank's group."""
+    tree = [psutil.Process(proc.pid)]
+    with contextlib.suppress(psutil.NoSuchProcess):
+        tree += tree[0].children(recursive=True)
+    groups = set()
+    for p in tree:
+        with contextlib.suppress(ProcessLookupError):
+            groups.add(os.getpgid(p.pid))
+    assert os.getpgid(0) not in groups  # never this test's own group
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+    proc.wait(timeout=60)
+    _, alive = psutil.wait_procs(tree, timeout=30)
+    assert not alive, alive
+
+
+def test_run_killed_mid_epoch_resumes_with_each_remaining_sample_once(synth_data, tmp_path):
+    """`dtrain train --nproc 2` checkpoints every 3 steps; every rank stalls after step 7
+    (the test-only DTRAIN_TEST_STALL_AFTER_STEP knob, so the kill lands at a known point,
+    not a race); the test SIGKILLs all its process groups, then `--resume`s. The resumed
+    run must fetch exactly the samples after the checkpointed step, each once, and none
+    the checkpoint already covered; step 7, trained but lost with the kill, is redone."""
     dest = tmp_path / "shards"
     push(DataConfig(root=str(synth_data)), open_store(str(dest)), parse_size("64kB"), splits=["train"])
     n = load_manifest(open_store(str(dest))).splits["train"].count
-    batch, world = 8, 2
+    batch, world, every, stall = 8, 2, 3, 7
     assert n % world == 0  # the test data has no padding, so any repeat is a bug
-    steps = (-(-n // world)) // batch
-    stop = steps // 2
+    steps = (n // world) // batch
+    assert stall < steps - 1
     out = tmp_path / "out"
-    cfg = write_config(tmp_path / "cfg.yaml", str(dest), out, epochs=1, batch=batch, workers=0, val_split="",
+    cfg = write_config(tmp_path / "cfg.yaml", str(dest), out, epochs=1, batch=batch, workers=1, val_split="",
                        layout="shards")
     first, second = tmp_path / "trace1", tmp_path / "trace2"
     first.mkdir(), second.mkdir()
-    train = [sys.executable, "-m", "dtrain", "train", str(cfg), "--nproc", str(world)]
-    run([*train, "--set", f"max_steps={stop}"], {TRACE: str(first)})
+    train = [sys.executable, "-m", "dtrain", "train", str(cfg), "--nproc", str(world),
+             "--set", f"checkpoint_every_steps={every}"]
+    log = tmp_path / "killed.log"
+    env = dict(os.environ, **{TRACE: str(first), STALL_ENV: str(stall)})
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(train, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while log.read_text(errors="replace").count(f"stalled after step {stall}") < world:
+            assert proc.poll() is None, f"the run ended ({proc.returncode}) before stalling:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+    finally:
+        _kill_process_groups(proc)
     blob = torch.load(out / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
-    assert (blob["epoch"], blob["step_in_epoch"]) == (0, stop)
-    run([*train, "--resume"], {TRACE: str(second)})
+    done = (stall // every) * every  # the last checkpoint before the stall
+    assert (blob["epoch"], blob["step_in_epoch"], blob["step"]) == (0, done, done)
+    run(train + ["--resume"], {TRACE: str(second)})
+    assert torch.load(out / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)["epoch"] == 1
 
-    done, rest = read_trace(first), read_trace(second)
-    # No loader workers: a rank's lines are its batches in training order; the first run
-    # trained on its first `stop` batches (later lines were prefetched, never used).
-    trained = [i for r in range(world) for b in done[f"rank{r}-worker0"][:stop] for i in b]
-    remaining = [i for lines in rest.values() for b in lines for i in b]
-    assert len(trained) == stop * batch * world
-    assert len(remaining) == (steps - stop) * batch * world  # exactly the rest of the epoch
-    both = trained + remaining
-    assert len(set(both)) == len(both)  # no sample twice (n % world == 0: no padding)
-    assert n - len(both) < batch * world  # all but drop_last's ragged tail
+    killed, resumed = read_trace(first), read_trace(second)
+    assert sorted(resumed) == [f"rank{r}-worker0" for r in range(world)]
+    before, after = [], []
+    for r in range(world):
+        # The epoch's order for this rank, cut into its batches (what the trainer's
+        # sampler is built on: DistributedSampler, seed 7, epoch 0).
+        order = list(DistributedSampler(range(n), num_replicas=world, rank=r, shuffle=True, seed=7))
+        batches = [order[i * batch:(i + 1) * batch] for i in range(steps)]
+        # One loader worker per rank: its trace lines are its batches in order (the
+        # killed run fetched past the stall: prefetching).
+        assert len(killed[f"rank{r}-worker0"]) >= stall
+        assert killed[f"rank{r}-worker0"][:stall] == batches[:stall]
+        assert resumed[f"rank{r}-worker0"] == batches[done:]  # the rest, once, in order
+        before += [i for b in batches[:done] for i in b]
+        after += [i for b in resumed[f"rank{r}-worker0"] for i in b]
+    assert len(after) == len(set(after)) == (steps - done) * batch * world
+    assert not set(before) & set(after)  # nothing the checkpoint covered is seen again
+    assert n - len(before) - len(after) == world * ((n // world) % batch)  # all but drop_last's tail

@@ -146,6 +146,32 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(synth_data, tmp_path,
     assert max_diff(a["model"], interrupted["model"]) > 1e-3
 
 
+def test_batches_of_only_unreadable_images_do_not_stop_ddp_training(synth_data, tmp_path, dtrain_cmd):
+    """One readable training image among 12 (2 per class), 2 ranks x batch 2, BatchNorm:
+    most steps have an empty batch on one rank or both (collate_skip_bad drops every
+    image), and once per epoch exactly one rank has the good image. The empty rank must
+    still join the step's gradient all-reduce (or the ranks hang) and BatchNorm must not
+    see an empty batch. Every val image is unreadable too: evaluation skips them."""
+    data = tmp_path / "data"
+    small_copy(synth_data, data, {"train": 2, "val": 1})
+    files = sorted((data / "train").rglob("*.png")) + sorted((data / "val").rglob("*.png"))
+    for f in files[1:]:
+        f.unlink()
+        f.write_bytes(b"not an image")
+    # 64 px: a one-image batch still has 2x2 values per channel at ResNet's last BatchNorm.
+    cfg = write_config(tmp_path / "bad.yaml", data, tmp_path / "out", epochs=2, batch_size=2, data={"image_size": 64})
+    out = run(dtrain_cmd + ["train", str(cfg), "--nproc", "2"])
+    assert "skipping unreadable image" in out.stderr
+    state = final_state(tmp_path / "out")
+    assert (state["epoch"], state["step"]) == (2, 2 * 3)  # 6 images per rank: 3 steps per epoch
+    assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
+    torch.manual_seed(0)
+    from dtrain.models import ModelConfig, build_model
+
+    fresh = build_model(ModelConfig(), 6).state_dict()
+    assert max_diff(fresh, state["model"]) > 1e-4  # the one good image was trained on
+
+
 @pytest.mark.parametrize("entry", ["cli", "module"])
 def test_misspelt_config_key_names_it_and_the_closest_valid_key(tmp_path, dtrain_cmd, entry):
     cfg = tmp_path / "bad.yaml"

@@ -37,6 +37,9 @@ class TrainConfig(StrictModel):
     deterministic: bool = False
     output_dir: str = "runs/train"
     checkpoint_every: int = Field(1, ge=1)  # epochs
+    # Also write last.pt every K optimizer steps inside an epoch (with the step reached
+    # in it), so a killed run loses at most K steps; None = only at epoch ends.
+    checkpoint_every_steps: int | None = Field(None, ge=1)
     # How many ckpt-epochNNNN.pt files to keep (the oldest go first); last.pt is extra.
     keep_checkpoints: int = Field(3, ge=1)
     log_every: int = Field(10, ge=1)  # steps

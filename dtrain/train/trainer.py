@@ -1,13 +1,15 @@
 """The DDP training loop: `run(cfg, resume=False)`.
 
 One entry point for a plain process (a world of one, no process group), `torchrun` and
-`dtrain train --nproc N`. Rank 0 logs and writes checkpoints; every rank reports its
-steps to the monitor (`report_step`), which is a no-op unless an agent is configured.
+`dtrain train --nproc N`. Rank 0 logs and writes checkpoints (at epoch ends, and every
+`checkpoint_every_steps` steps if set); every rank reports its steps to the monitor
+(`report_step`), which is a no-op unless an agent is configured.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import sys
 import time
@@ -32,6 +34,11 @@ from dtrain.train.config import TrainConfig
 from dtrain.train.loaders import Loaders, build_loaders
 from dtrain.train.logs import NullLog, RunLog
 from dtrain.train.schedule import build_optimizer, build_scheduler
+
+# Test-only: with DTRAIN_TEST_STALL_AFTER_STEP=N every rank stops (sleeps until killed)
+# right after optimizer step N and its checkpoint, so that a test can SIGKILL a run at a
+# known point instead of racing a moving one (tests/test_storage_train.py).
+STALL_ENV = "DTRAIN_TEST_STALL_AFTER_STEP"
 
 
 @dataclass
@@ -97,6 +104,7 @@ class _Trainer:
         self.stream = stream
         self.log: NullLog = NullLog()
         self.last_metrics: dict[str, float] = {}
+        self.stall_after = int(os.environ.get(STALL_ENV) or 0)
 
     # ---- setup -------------------------------------------------------------------------
 
@@ -182,15 +190,20 @@ class _Trainer:
         for images, labels in self.data.train:
             t_got = time.perf_counter()
             data_wait += t_got - t_prev
-            images = normalize_batch(images.to(dev, non_blocking=True), cfg.channels_last)
-            labels = labels.to(dev, non_blocking=True)
+            empty = labels.numel() == 0  # every image of the batch was unreadable
+            if not empty:
+                images = normalize_batch(images.to(dev, non_blocking=True), cfg.channels_last)
+                labels = labels.to(dev, non_blocking=True)
             micro += 1
             final_micro = micro % accum == 0
             # Non-final micro-steps skip DDP's gradient all-reduce; the last one syncs the sum.
             no_sync = state.raw is not state.model and not final_micro
             with state.model.no_sync() if no_sync and hasattr(state.model, "no_sync") else contextlib.nullcontext():
-                with self.precision.autocast(dev):
-                    loss = F.cross_entropy(state.model(images), labels)
+                if empty:
+                    loss = self.null_loss(state)
+                else:
+                    with self.precision.autocast(dev):
+                        loss = F.cross_entropy(state.model(images), labels)
                 state.scaler.scale(loss / accum).backward()
             window.add(loss.detach(), labels.shape[0])
             step_samples += labels.shape[0]
@@ -205,8 +218,9 @@ class _Trainer:
             state.step += 1
             state.step_in_epoch += 1
             t_prev = now = time.perf_counter()
+            # A tensor: report_step converts it (a device sync) only when it sends, not per step.
             report_step(
-                step=state.step, epoch=state.epoch, loss=float(loss.detach()), lr=lr,
+                step=state.step, epoch=state.epoch, loss=loss.detach(), lr=lr,
                 step_time_s=now - t_step, data_wait_s=data_wait, samples=step_samples,
             )
             window.steps += 1
@@ -214,10 +228,46 @@ class _Trainer:
                 self.flush_window(state, window, lr)
             self.log.advance(1, f"epoch {state.epoch + 1}/{cfg.epochs} loss {self.last_metrics.get('train_loss', float('nan')):.4f}")
             t_step, step_samples, data_wait = now, 0, 0.0
+            if self.mid_epoch_checkpoint_due(state):
+                self.save(state, epoch_end=False)
+                t_prev = t_step = time.perf_counter()  # the save is neither step nor data time
+            if state.step == self.stall_after:
+                self.stall_for_tests(state)
             if state.step_in_epoch >= self.steps_per_epoch or self.reached_max(state):
                 break
         if window.steps:
             self.flush_window(state, window, state.optimizer.param_groups[0]["lr"])
+
+    def null_loss(self, state: State) -> torch.Tensor:
+        """A zero loss through the whole model, for a batch with no readable image.
+
+        Skipping the batch on this rank alone would put the ranks' gradient all-reduces
+        out of step (a hang under DDP), so the rank takes part with a zero gradient: the
+        step's averaged gradient is the other ranks' share. The stand-in (one blank
+        image) runs in eval mode so that BatchNorm neither fails on it nor learns it.
+        """
+        size, dev = self.cfg.data.image_size, self.ctx.device
+        blank = normalize_batch(torch.zeros((1, 3, size, size), dtype=torch.uint8, device=dev), self.cfg.channels_last)
+        state.model.eval()
+        try:
+            with self.precision.autocast(dev):
+                out = state.model(blank)
+        finally:
+            state.model.train()
+        return out.float().sum() * 0.0
+
+    def mid_epoch_checkpoint_due(self, state: State) -> bool:
+        every = self.cfg.checkpoint_every_steps
+        # Epoch ends and max_steps stops have their own checkpoint (fit).
+        return (
+            every is not None and state.step % every == 0
+            and state.step_in_epoch < self.steps_per_epoch and not self.reached_max(state)
+        )
+
+    def stall_for_tests(self, state: State) -> None:
+        print(f"dtrain: rank {self.ctx.rank} stalled after step {state.step} ({STALL_ENV})", file=sys.stderr, flush=True)
+        while True:
+            time.sleep(60)
 
     def flush_window(self, state: State, window: "_Window", lr: float) -> None:
         loss_sum, images = dist.all_reduce_sum([float(window.loss_sum), window.images], self.ctx)
@@ -237,6 +287,8 @@ class _Trainer:
         correct = torch.zeros((), dtype=torch.int64, device=dev)
         count = 0
         for images, labels in self.data.val:
+            if labels.numel() == 0:  # no readable image; no collective here, so just skip
+                continue
             images = normalize_batch(images.to(dev, non_blocking=True), self.cfg.channels_last)
             labels = labels.to(dev, non_blocking=True)
             with self.precision.autocast(dev):
