@@ -6,9 +6,10 @@ and from an S3 API server on loopback (moto, started here).
 
 - ours, local:  `dtrain data push` to a local folder, then the shard dataset
   (torchvision decode_image -> resize -> uint8 v2 augmentation) in a DataLoader.
-- ours, S3:     pushed to s3://, read cold (empty node-local cache; whole shards are
-  pulled into it in the background while byte-range reads serve the first batches),
-  and again with the cache disabled by a tiny limit (every image is a range GET).
+- ours, S3:     pushed to s3://, read cold (empty node-local cache: a batch's byte
+  ranges are merged per shard, a batch needing most of a shard reads it whole and
+  hands it to the cache, other shards are pulled into it in the background), and again
+  with the cache disabled by a tiny limit (every batch reads merged byte ranges).
 - baseline, local: torchvision.datasets.ImageFolder (PIL loader) + the tutorial
   transforms (Resize, flips, ColorJitter, ToTensor).
 - baseline, S3: the same transforms over one object per image, listed and read
@@ -138,6 +139,7 @@ def main() -> None:
         train = src / "train"
         n_bytes = sum(p.stat().st_size for p in train.rglob("*.jpg"))
         n_img = len(list(train.rglob("*.jpg")))
+        print(f"load average at start: {os.getloadavg()[0]:.2f} (2 cores shared)")
         print(f"data: {n_img} train JPEGs of {args.size} px, {n_bytes / 1e6:.1f} MB "
               f"(mean {n_bytes / n_img / 1e3:.0f} kB); delivered at {args.out} px, batch {BATCH}, {WORKERS} workers")
 
@@ -167,7 +169,7 @@ def main() -> None:
             ("local", "dtrain shards", ours(str(work / "shards")), collate_skip_bad),
             ("s3", "baseline ImageFolder over s3fs", lambda: S3ImageFolder("bench/folder/train", tf), None),
             ("s3", "dtrain shards (cold cache)", ours("s3://bench/shards", cache_dir=str(work / "cache")), collate_skip_bad),
-            ("s3", "dtrain shards (no cache: range GETs)",
+            ("s3", "dtrain shards (no cache: merged range GETs)",
              ours("s3://bench/shards", cache_dir=str(work / "nocache"), cache_limit_gb=1e-6), collate_skip_bad),
         ]
         results: dict[tuple[str, str], float] = {}
@@ -176,6 +178,7 @@ def main() -> None:
             assert n == n_img, (name, n, n_img)
             results[(where, name)] = n / seconds
             print(f"  {where:5s} {name:40s} {n / seconds:8.1f} images/s  ({seconds:.1f} s)")
+        print(f"load average at end: {os.getloadavg()[0]:.2f}")
         print("ratios (dtrain / baseline, same run):")
         for where, base in (("local", "baseline ImageFolder+PIL"), ("s3", "baseline ImageFolder over s3fs")):
             for (w, name), ips in results.items():

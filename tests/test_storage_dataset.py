@@ -79,6 +79,70 @@ def test_remote_shards_fill_a_bounded_local_cache(s3_shards, tmp_path):
     assert 0 < small.cache.usage() <= limit_gb * 1e9
 
 
+def test_coalesce_merges_ranges_closer_than_the_gap():
+    from dtrain.data.shards import coalesce
+
+    ranges = [(500, 600, 2), (0, 100, 0), (150, 200, 1), (2000, 2100, 3), (550, 580, 4)]
+    assert coalesce(ranges, gap=50) == [(0, 200, [0, 1]), (500, 600, [2, 4]), (2000, 2100, [3])]
+    assert coalesce(ranges, gap=0) == [(0, 100, [0]), (150, 200, [1]), (500, 600, [2, 4]), (2000, 2100, [3])]
+    assert coalesce(ranges, gap=10_000) == [(0, 2100, [0, 1, 2, 4, 3])]
+
+
+def _count_gets(ds, monkeypatch) -> list[list[tuple[str, int, int]]]:
+    calls: list[list[tuple[str, int, int]]] = []
+    real = ds.store.read_ranges
+
+    def counting(names, starts, ends):
+        calls.append(list(zip(names, starts, ends)))
+        return real(names, starts, ends)
+
+    monkeypatch.setattr(ds.store, "read_ranges", counting)
+    return calls
+
+
+def test_a_batch_reads_merged_ranges_or_whole_shards(s3_shards, tmp_path, monkeypatch):
+    import dtrain.data.shards as shards
+
+    # Cache on: a batch with every sample of shard 0 reads it in one GET and caches that copy.
+    ds = open_split(DataConfig(root=s3_shards, image_size=32, cache_dir=str(tmp_path / "c")), "train", train=False)
+    calls = _count_gets(ds, monkeypatch)
+    in_first = [i for i in range(len(ds)) if ds.rows[i, 0] == 0]
+    items = ds.__getitems__(in_first[::-1])
+    assert calls == [[(ds.shards[0], 0, ds.shard_bytes[0])]]
+    assert [it[1] for it in items] == [ds.targets[i] for i in in_first[::-1]]
+    deadline = time.monotonic() + 30
+    while not ds.cache.get(ds.shards[0]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ds.cache.get(ds.shards[0])
+    assert ds.__getitems__(in_first[:3]) and len(calls) == 1  # now from the cache
+
+    # Shards too big to cache: a batch's ranges per shard are merged, never widened.
+    plain = SeededSamples(open_split(DataConfig(root=s3_shards, image_size=32), "train", train=False), seed=0)
+    nocache = open_split(DataConfig(root=s3_shards, image_size=32, cache_dir=str(tmp_path / "n"), cache_limit_gb=1e-9),
+                         "train", train=False)
+    calls = _count_gets(nocache, monkeypatch)
+    pick = [in_first[0], in_first[1], in_first[-1], len(ds) - 1]  # 3 in shard 0, 1 in the last
+    got = nocache.__getitems__(pick)
+    assert [len(c) for c in calls] == [2]  # one merged range per shard
+    assert all(torch.equal(g[0], plain[(0, i)][0]) for g, i in zip(got, pick))
+    monkeypatch.setattr(shards, "MERGE_GAP", 0)  # tar headers and .cls members lie between samples
+    nocache.__getitems__(pick)
+    assert len(calls[-1]) == 4
+    assert not list((tmp_path / "n").rglob("*.tar"))
+
+
+def test_loader_workers_read_s3_shards_with_the_parents_service_models(s3_shards, tmp_path):
+    ds = open_split(DataConfig(root=s3_shards, image_size=32, cache_dir=str(tmp_path)), "train", train=False)
+    parent = ds.store.fs
+    ds.store._pid = -1  # what a forked worker sees: the parent's client, another pid
+    child = ds.store.fs
+    assert child is not parent and child.session is not parent.session
+    assert child.session.get_component("data_loader") is parent.session.get_component("data_loader")
+    assert child.cat_file(ds.store.path(ds.shards[0]), start=0, end=10)  # and it works
+    loader = DataLoader(ds, batch_size=40, num_workers=2, collate_fn=collate_skip_bad)  # real forks
+    assert sum(len(labels) for _, labels in loader) == len(ds)
+
+
 def test_unreadable_image_in_a_shard_is_skipped(tmp_path):
     from PIL import Image
 

@@ -3,10 +3,12 @@ loader worker of a node.
 
 Reads never wait for it: a sample missing from the cache is fetched with a byte-range
 request, and the first touch of a shard queues a background download of the whole
-shard. Later epochs (and the other ranks on the node) then read from local disk.
-Downloads are checked against the manifest's sha256 before they become visible, only
-one process downloads a given shard (an O_EXCL lock file), and the least recently used
-shards are evicted to stay under the size limit.
+shard. A reader that had to fetch a whole shard anyway (a batch needing most of its
+bytes) `offer`s the bytes instead, so the shard is not downloaded twice. Later epochs
+(and the other ranks on the node) then read from local disk. Shards are checked against
+the manifest's sha256 before they become visible, only one process writes a given shard
+(an O_EXCL lock file), and the least recently used shards are evicted to stay under the
+size limit.
 """
 
 from __future__ import annotations
@@ -56,20 +58,36 @@ class ShardCache:
             return None
         return path
 
+    def fits(self, size: int) -> bool:
+        return size <= self.limit
+
     def want(self, name: str, size: int) -> None:
         """Queue a background download of this shard, unless it is cached or too big."""
-        if size > self.limit:
-            return
+        if self.fits(size) and self._claim(name):
+            self._submit(self._install, name, size, lambda: self.store.iter_chunks(name))
+
+    def offer(self, name: str, data: bytes) -> None:
+        """Cache a whole shard the caller already holds (written in the background)."""
+        if self.fits(len(data)) and self._claim(name):
+            self._submit(self._install, name, len(data), lambda: iter((data,)))
+
+    def _claim(self, name: str) -> bool:
+        """True once per shard and process: the first want/offer wins, later ones are no-ops."""
         with self._mutex:
             if name in self._queued:
-                return
+                return False
             self._queued.add(name)
+            return True
+
+    def _submit(self, fn, *args) -> None:
+        with self._mutex:
             if self._pool is None or self._pid != os.getpid():
                 self._pool = ThreadPoolExecutor(2, thread_name_prefix="dtrain-shard-cache")
                 self._pid = os.getpid()
-        self._pool.submit(self._download, name, size)
+            pool = self._pool
+        pool.submit(fn, *args)
 
-    def _download(self, name: str, size: int) -> None:
+    def _install(self, name: str, size: int, chunks) -> None:
         path = Path(self.path(name))
         if path.exists():
             return
@@ -87,13 +105,14 @@ class ShardCache:
         try:
             h = hashlib.sha256()
             with open(tmp, "wb") as out:
-                for chunk in self.store.iter_chunks(name):
+                for chunk in chunks():
                     h.update(chunk)
                     out.write(chunk)
             if h.hexdigest() != self.sha256.get(name):
                 return  # a damaged copy never enters the cache; reads stay remote
-            self._make_room(size)
-            os.replace(tmp, path)
+            with self._mutex:  # this process's two threads must not both fill the last room
+                self._make_room(size)
+                os.replace(tmp, path)
         except Exception:  # noqa: BLE001 - the cache is an optimisation; reads stay remote
             pass
         finally:

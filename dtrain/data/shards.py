@@ -10,9 +10,12 @@ its mid-epoch skip apply unchanged, and a run from `s3://...` reproduces a run f
 local folder.
 
 Fetching is shard-aware: the DataLoader hands a worker a whole batch (`__getitems__`),
-the worker groups the batch by shard, reads cached or local shards with pread, and asks
-the store for all remaining byte ranges at once (concurrent range GETs on S3). Remote
-shards are also pulled whole into a bounded node-local cache in the background.
+the worker groups the batch by shard and reads cached or local shards with pread. For
+the rest it merges each shard's byte ranges that lie within MERGE_GAP of each other into
+one, and asks the store for all of them at once (concurrent range GETs on S3); when the
+merged ranges would cover most of a shard it reads the whole shard in one GET and hands
+it to the cache. Remote shards are also pulled whole into a bounded node-local cache in
+the background, so later epochs and the node's other ranks read local disk.
 
 Debugging aid: with DTRAIN_DATA_TRACE=DIR each batch fetched appends one line of sample
 ids to DIR/<split>-rank<RANK>-worker<W>.txt (tests use it to prove exactly-once delivery).
@@ -47,6 +50,27 @@ _READ_ERRORS = (RuntimeError, OSError, ValueError, SyntaxError)
 _NATIVE = frozenset({"png", "jpg", "jpeg", "webp", "gif"})
 
 Sample = tuple[torch.Tensor, int]
+
+# Ranges of one shard closer than this are read with one GET: on an object store a
+# request costs about what transferring a megabyte or more does (latency, request
+# signing, per-request CPU on both ends, and a price per request).
+MERGE_GAP = 1 << 20
+# A batch whose merged ranges would cover this share of a shard reads all of it: about
+# the same bytes, one request, and the copy fills the node-local cache for free.
+WHOLE_SHARD_SHARE = 0.5
+
+
+def coalesce(ranges: Sequence[tuple[int, int, int]], gap: int) -> list[tuple[int, int, list[int]]]:
+    """(start, end, tag) byte ranges -> spans (start, end, tags) covering them, merging
+    ranges that overlap or lie less than `gap` bytes apart."""
+    spans: list[tuple[int, int, list[int]]] = []
+    for start, end, tag in sorted(ranges):
+        if spans and start - spans[-1][1] <= gap:
+            last = spans[-1]
+            spans[-1] = (last[0], max(last[1], end), last[2] + [tag])
+        else:
+            spans.append((start, end, [tag]))
+    return spans
 
 
 def decode_bytes(data: bytes, ext: str) -> torch.Tensor:
@@ -129,33 +153,45 @@ class ShardDataset(Dataset):
         by_shard: dict[int, list[int]] = defaultdict(list)
         for pos, i in enumerate(indices):
             by_shard[int(self.rows[i, 0])].append(pos)
-        remote: list[tuple[int, int]] = []  # (position, shard)
+        spans: list[tuple[int, int, int, list[int]]] = []  # (shard, start, end, positions)
+        whole: set[int] = set()  # shards read whole, for the cache
         for shard, positions in by_shard.items():
             name = self.shards[shard]
             local = (self.cache.get(name) if self.cache else None) or self.store.local_path(name)
             if local is None:
-                remote += [(pos, shard) for pos in positions]
-                if self.cache:
-                    self.cache.want(name, self.shard_bytes[shard])
+                merged = coalesce([(*self._extent(indices[p]), p) for p in positions], MERGE_GAP)
+                size = self.shard_bytes[shard]
+                if self.cache and self.cache.fits(size) and sum(e - b for b, e, _ in merged) >= WHOLE_SHARD_SHARE * size:
+                    merged = [(0, size, positions)]
+                    whole.add(shard)
+                elif self.cache:
+                    self.cache.want(name, size)
+                spans += [(shard, b, e, tags) for b, e, tags in merged]
                 continue
             try:
                 with open(local, "rb") as fh:
                     for pos in positions:
-                        _, offset, size, _ = self.rows[indices[pos]]
-                        out[pos] = os.pread(fh.fileno(), int(size), int(offset))
+                        offset, end = self._extent(indices[pos])
+                        out[pos] = os.pread(fh.fileno(), end - offset, offset)
             except OSError as exc:
                 for pos in positions:
                     self._record_bad(indices[pos], exc)
-        if remote:
-            rows = [self.rows[indices[pos]] for pos, _ in remote]
+        if spans:
             blobs = self.store.read_ranges(
-                [self.shards[shard] for _, shard in remote],
-                [int(r[1]) for r in rows],
-                [int(r[1] + r[2]) for r in rows],
+                [self.shards[shard] for shard, *_ in spans], [b for _, b, _, _ in spans], [e for _, _, e, _ in spans]
             )
-            for (pos, _), blob in zip(remote, blobs):
-                out[pos] = blob
+            for (shard, start, _, positions), blob in zip(spans, blobs):
+                if shard in whole:
+                    self.cache.offer(self.shards[shard], blob)
+                for pos in positions:
+                    offset, end = self._extent(indices[pos])
+                    out[pos] = blob[offset - start:end - start]
         return out
+
+    def _extent(self, index: int) -> tuple[int, int]:
+        """[start, end) of sample `index` in its shard."""
+        _, offset, size, _ = self.rows[index]
+        return int(offset), int(offset + size)
 
     # -- decode + augment -------------------------------------------------------------
     def _prepare(self, index: int, blob: bytes | None) -> Sample | None:
