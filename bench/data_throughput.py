@@ -177,13 +177,13 @@ def main() -> None:
             seconds, n = timed(make, collate)
             assert n == n_img, (name, n, n_img)
             results[(where, name)] = n / seconds
-            print(f"  {where:5s} {name:40s} {n / seconds:8.1f} images/s  ({seconds:.1f} s)")
+            print(f"  {where:5s} {name:46s} {n / seconds:8.1f} images/s  ({seconds:.1f} s)")
         print(f"load average at end: {os.getloadavg()[0]:.2f}")
         print("ratios (dtrain / baseline, same run):")
         for where, base in (("local", "baseline ImageFolder+PIL"), ("s3", "baseline ImageFolder over s3fs")):
             for (w, name), ips in results.items():
                 if w == where and not name.startswith("baseline"):
-                    print(f"  {where:5s} {name:40s} {ips / results[(where, base)]:.2f}x")
+                    print(f"  {where:5s} {name:46s} {ips / results[(where, base)]:.2f}x")
     finally:
         if moto is not None:
             moto.terminate()
