@@ -3,6 +3,7 @@ and the plain `torchrun` entry. Tiny images (16 px) and a few steps keep them qu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -170,6 +171,36 @@ def test_batches_of_only_unreadable_images_do_not_stop_ddp_training(synth_data, 
 
     fresh = build_model(ModelConfig(), 6).state_dict()
     assert max_diff(fresh, state["model"]) > 1e-4  # the one good image was trained on
+
+
+def test_ranks_die_with_a_sigkilled_launcher(synth_data, tmp_path, dtrain_cmd):
+    """torch's elastic agent gives every rank its own session: without the ranks' own
+    watch, SIGKILL of `dtrain train` alone would leave them training as orphans."""
+    from dtrain.train.trainer import STALL_ENV
+
+    cfg = write_config(tmp_path / "cfg.yaml", synth_data, tmp_path / "out", epochs=1, batch_size=8)
+    log = tmp_path / "log.txt"
+    with open(log, "wb") as fh:  # the ranks wait after step 1 until killed (test-only knob)
+        proc = subprocess.Popen(dtrain_cmd + ["train", str(cfg), "--nproc", "2"], cwd=REPO, stdout=fh,
+                                stderr=subprocess.STDOUT, env=dict(os.environ, **{STALL_ENV: "1"}))
+    ranks: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while log.read_text(errors="replace").count("stalled after step 1") < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        ranks = psutil.Process(proc.pid).children(recursive=True)
+        assert len(ranks) >= 2
+        proc.send_signal(signal.SIGKILL)  # the launcher only
+        proc.wait(timeout=30)
+        _, alive = psutil.wait_procs(ranks, timeout=30)
+        assert not alive, f"orphaned ranks still running: {alive}"
+    finally:
+        for p in ranks:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        if proc.poll() is None:
+            proc.kill()
 
 
 @pytest.mark.parametrize("entry", ["cli", "module"])

@@ -19,6 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--resume", action="store_true", help="continue from OUTPUT/checkpoints/last.pt")
     args = parser.parse_args(argv)
+    from dtrain.train.dist import exit_with_launcher
+
+    exit_with_launcher()
     try:
         from dtrain.configio import load_config
         from dtrain.train.config import TrainConfig

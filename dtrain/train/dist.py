@@ -8,6 +8,9 @@ elastic launcher sets the same variables torchrun does).
 from __future__ import annotations
 
 import os
+import signal
+import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -35,6 +38,27 @@ class DistContext:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1 or dist.is_initialized()
+
+
+def exit_with_launcher(poll_s: float = 1.0) -> None:
+    """Under torch's elastic agent (torchrun, `dtrain train`), end this rank when the
+    agent dies.
+
+    The agent starts every rank in a session of its own, so a SIGKILLed agent (kill -9,
+    the OOM killer, a lost SSH session) would leave its ranks training as orphans, and a
+    later `--resume` would race them for last.pt. A daemon thread notices the re-parenting
+    and kills this rank (its loader workers follow: they watch their parent too).
+    """
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return  # a plain process: its lifetime is the user's business
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="dtrain-launcher-watch", daemon=True).start()
 
 
 def cpu_count() -> int:
