@@ -1,21 +1,24 @@
 """Time from `dtrain run` to the first training step, vs torchrun started by hand.
 
 Two namespace hosts (the test harness in tests/netns.py, needs root). Each round runs,
-side by side and alternating:
-  ours:     dtrain run cluster.yaml --no-preflight --nproc-per-node 1 -- python plain_ddp.py
+one after the other so that load drifts hit every variant alike:
   baseline: `ssh hN "cd REPO && env ... python -m torch.distributed.run --nnodes 2
             --node-rank i --master-addr A --master-port P ... plain_ddp.py"` on both hosts,
             started in parallel (what a careful person types),
-and measures the wall time until rank 0's first "step 0" line reaches the head. The
-cost of the preflight is measured on its own (`dtrain check`), and as a `dtrain run`
-with preflight on.
+  ours:     dtrain run cluster.yaml --no-preflight --nproc-per-node 1 -- python plain_ddp.py
+  ours + preflight: the same without --no-preflight,
+  check:    `dtrain check cluster.yaml` alone (the preflight's own cost),
+and measures the wall time until rank 0's first "step 0" line reaches the head. Reported:
+medians, the overhead (ours - baseline, per round, then the median) and the preflight's
+cost (ours + preflight - ours, per round, then the median), with the load average.
 
-    sudo .venv/bin/python bench/launch_latency.py [--rounds 3]
+    sudo flock /tmp/dtrain-bench.lock .venv/bin/python bench/launch_latency.py [--rounds 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import socket
 import statistics
@@ -61,7 +64,7 @@ def ours(yaml: Path, home: str, preflight: bool) -> float:
             "--", "python", SCRIPT, "--epochs", "1"]
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            env={**__import__("os").environ, "DTRAIN_HOME": home})
+                            env={**os.environ, "DTRAIN_HOME": home})
     return until_first_step([proc], proc, t0, 300)
 
 
@@ -91,24 +94,28 @@ def timed_min(argv: list[str], n: int, **kwargs) -> float:
 
 def parts(cluster, yaml: Path, home: str, n: int) -> None:
     """What dtrain adds before torchrun starts, piece by piece (the rest is identical)."""
-    import os
-
     env = {**os.environ, "DTRAIN_HOME": home}
     py = sys.executable
     base = timed_min([py, "-c", "pass"], n)
     cli = timed_min([py, "-m", "dtrain", "run", str(yaml), "--dry-run", "--", "python", SCRIPT], n, cwd=REPO, env=env)
     wrapper = timed_min([py, "-c", "import dtrain.launch.node"], n)
-    ssh = timed_min(["ssh", "-F", str(cluster.ssh_config), cluster.hosts[1].name, "test", "-f", "/nonexistent"], n)
+    ssh = timed_min(["ssh", "-F", str(cluster.ssh_config), cluster.hosts[1].name, "exec", "true"], n)
     print(f"\noverhead parts, fastest of {n} (python start-up alone: {base:.2f} s):")
     print(f"  dtrain CLI start-up + cluster/job validation + plan (dry run): {cli:.2f} s")
-    print(f"  node wrapper start-up before it execs torchrun:            {wrapper - base:+.2f} s over python")
-    print(f"  code-sync check (one ssh round trip per node, in parallel):  {ssh:.2f} s")
-    print(f"  sum of what dtrain adds before torchrun starts:              ~{cli + (wrapper - base) + ssh:.2f} s")
+    print(f"  node wrapper start-up before it starts torchrun:           {wrapper - base:+.2f} s over python")
+    print(f"  one ssh session (handshake + login shell), paid once per node by both: {ssh:.2f} s")
+
+
+def check(yaml: Path) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "dtrain", "check", str(yaml), "--port", str(free_port())],
+                   cwd=REPO, capture_output=True, timeout=120)
+    return time.perf_counter() - t0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--parts-only", action="store_true", help="only the overhead parts (quick)")
     args = parser.parse_args()
     from tests import netns
@@ -121,27 +128,30 @@ def main() -> int:
     try:
         yaml = cluster.cluster_yaml(2)
         home = tempfile.mkdtemp(prefix="dtrain-bench-home-")
+        print(f"load average at the start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
         parts(cluster, yaml, home, max(3, args.rounds))
         if args.parts_only:
             return 0
-        base, mine, checked = [], [], []
+        base, mine, checked, checks, loads = [], [], [], [], []
         for i in range(args.rounds):
             base.append(by_hand(cluster, cluster.hosts))
             mine.append(ours(yaml, home, preflight=False))
             checked.append(ours(yaml, home, preflight=True))
-            print(f"round {i + 1}: by hand {base[-1]:.2f} s   dtrain run {mine[-1]:.2f} s   "
-                  f"dtrain run + preflight {checked[-1]:.2f} s", flush=True)
-        check_times = []
-        for _ in range(args.rounds):
-            t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "dtrain", "check", str(yaml), "--port", str(free_port())],
-                           cwd=REPO, capture_output=True, timeout=120)
-            check_times.append(time.perf_counter() - t0)
-        b, m, c, k = (statistics.median(x) for x in (base, mine, checked, check_times))
-        print(f"\nmedian over {args.rounds} rounds, time to first training step on 2 hosts x 1 proc:")
+            checks.append(check(yaml))
+            loads.append(os.getloadavg()[0])
+            print(f"round {i + 1}: by hand {base[-1]:.2f} s   dtrain run {mine[-1]:.2f} s "
+                  f"(overhead {mine[-1] - base[-1]:+.2f} s)   dtrain run + preflight {checked[-1]:.2f} s   "
+                  f"dtrain check {checks[-1]:.2f} s   load {loads[-1]:.1f}", flush=True)
+        med = statistics.median
+        b, m, c, k = med(base), med(mine), med(checked), med(checks)
+        over = med([x - y for x, y in zip(mine, base)])
+        pre = med([x - y for x, y in zip(checked, mine)])
+        print(f"\nmedian over {args.rounds} rounds (load average {min(loads):.1f}-{max(loads):.1f}), "
+              "time to first training step on 2 hosts x 1 proc:")
         print(f"  torchrun by hand (ssh in parallel): {b:.2f} s")
-        print(f"  dtrain run --no-preflight:          {m:.2f} s   overhead {m - b:+.2f} s  (ratio {m / b:.2f})")
-        print(f"  dtrain run (with preflight):        {c:.2f} s   preflight adds {c - m:+.2f} s")
+        print(f"  dtrain run --no-preflight:          {m:.2f} s   overhead {over:+.2f} s (median of per-round "
+              f"differences; medians differ by {m - b:+.2f} s, ratio {m / b:.2f})")
+        print(f"  dtrain run (with preflight):        {c:.2f} s   preflight adds {pre:+.2f} s (per-round median)")
         print(f"  dtrain check alone:                 {k:.2f} s")
     finally:
         netns.teardown(cluster)

@@ -107,7 +107,9 @@ def test_dry_run_cli_prints_exact_quoted_argv(tmp_path, dtrain_home):
     # The ssh argv: the remote command is ONE word in which the hostile argument stays one word.
     assert vias[1][0] == "ssh" and vias[1][-2] == "gpu-b"
     remote = shlex.split(vias[1][-1].split("exec ", 1)[1])
-    assert remote == runs[1]
+    # The launch looks for the code itself (one ssh session): `sh -c GUARD sh DIR MARKER LINE` + the wrapper.
+    assert remote[:2] == ["sh", "-c"] and remote[4] == "/srv/w" and remote[5].startswith(".dtrain-sync-")
+    assert remote[7:] == runs[1]
     assert "  env: MSG='hello world'" in lines
     assert not list(dtrain_home.glob("jobs/*")), "a dry run registers nothing"
 

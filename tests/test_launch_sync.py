@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import subprocess
+import sys
 
 import pytest
 
@@ -69,3 +70,49 @@ def test_failing_setup_names_the_node(tmp_path, monkeypatch):
     with pytest.raises(DtrainError, match="setup command 'exit 3' failed on n2 \\(exit 3\\)"):
         _prepare(tmp_path, monkeypatch, [{"name": "n1", "host": "local"},
                                          {"name": "n2", "host": "local", "setup": ["exit 3"]}])
+
+
+def test_the_launch_itself_looks_for_the_code_and_says_when_it_is_missing(tmp_path, monkeypatch):
+    from dtrain.launch.node import MARK
+    from dtrain.launch.plan import node_command
+
+    remote = tmp_path / "remote"
+    proj, out = _prepare(tmp_path, monkeypatch, [{"name": "other", "host": "local", "workdir": str(remote)}])
+    assert out == "" and not remote.exists()  # no separate check and no copy: the launch looks
+    assert (proj / ".dtrain-sync-J").exists()  # kept for the launch to find
+
+    cluster = ClusterSpec.model_validate({"nodes": [{"name": "other", "host": "local", "workdir": str(remote)}]})
+    runner = runner_for(cluster.nodes[0], cluster)
+    launch = build_plan(JobSpec(command=["python", "train.py"]), cluster.nodes, "J", head_cwd=str(proj)).nodes[0]
+    assert launch.sync_marker == ".dtrain-sync-J"
+    launch.argv = ["sh", "-c", 'echo "started in $PWD"']  # stands in for the node wrapper
+    missing = MARK + '{"sync": "missing"}\n'
+
+    def launched() -> str:
+        argv, cwd = node_command(launch)
+        res = runner.run(argv, cwd=cwd, timeout=30)
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    assert launched() == missing  # no workdir yet
+    remote.mkdir()
+    assert launched() == missing  # a workdir without this job's marker
+    (remote / ".dtrain-sync-J").write_text("J")
+    assert launched() == f"started in {remote}\n"  # it sees the code: the wrapper runs there
+    assert node_command(launch, check_sync=False) == (launch.argv, str(remote))
+
+
+def test_dtrain_run_copies_to_a_node_whose_launch_finds_no_code(tmp_path, dtrain_home):
+    from launch_helpers import dtrain, free_port
+
+    proj, remote = _project(tmp_path / "proj"), tmp_path / "remote"
+    (proj / "show.py").write_text("import os\nprint('cwd=' + os.getcwd(), flush=True)\n")
+    cfg = tmp_path / "cluster.yaml"
+    cfg.write_text(f"defaults: {{python: {sys.executable}}}\n"
+                   f"nodes:\n  - {{name: a, host: local}}\n  - {{name: b, host: local, workdir: {remote}}}\n")
+    res = dtrain("run", str(cfg), "--no-preflight", "--no-monitor", "--port", str(free_port()), "--",
+                 "python", "show.py", cwd=proj)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"[b:r1] cwd={remote}" in res.stdout and f"[a:r0] cwd={proj}" in res.stdout
+    assert "[dtrain] code copied to b (4 files)" in res.stdout, res.stdout
+    assert (remote / "show.py").exists() and not list(proj.glob(".dtrain-sync-*"))

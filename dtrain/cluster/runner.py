@@ -44,6 +44,12 @@ class CommandRunner(ABC):
               cwd: str | None = None, **popen_kwargs) -> subprocess.Popen:
         return subprocess.Popen(self.argv(remote_argv, env=env, cwd=cwd), **popen_kwargs)
 
+    def share_connection(self, directory: str | None) -> CommandRunner:
+        """Let every later command to this node reuse one connection whose socket lives in
+        `directory` (one job's private directory). A no-op where there is no connection
+        to share (a local node) or `directory` is None."""
+        return self
+
     def merged_env(self, env: Mapping[str, str] | None) -> dict[str, str]:
         return {**self.node.env, **(env or {})}
 

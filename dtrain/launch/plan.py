@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, field
 
 from dtrain.launch.spec import JobSpec, torchrun_target, uses_dtrain_trainer
 
-SCRATCH_ROOT = "/tmp"  # node-local scratch: torchrun's --log-dir and the heartbeat dir
+SCRATCH_ROOT = "/tmp"
+MARKER_PREFIX = ".dtrain-sync-"  # the code-sync marker the head writes into its directory  # node-local scratch: torchrun's --log-dir and the heartbeat dir
 # The head writes a keep-alive byte to every node every KEEPALIVE s; a node that hears
 # nothing for HEAD_TIMEOUT s (a partition) stops its part of the job by itself.
 KEEPALIVE = 2.0
@@ -33,6 +34,10 @@ class NodeLaunch:
     scratch: str
     agent_argv: list[str] = field(default_factory=list)  # the monitor's node agent, if on
     agent_url: str = ""
+    # Set: the launch itself first checks that the node sees this marker file in `cwd`
+    # (the head's directory, shared); without it nothing starts and the head copies the
+    # code, then launches again (node_command). Empty: no check (see prepare.py).
+    sync_marker: str = ""
 
 
 @dataclass
@@ -46,6 +51,7 @@ class LaunchPlan:
     nodes: list[NodeLaunch] = field(default_factory=list)
     hang_timeout: float = 600.0
     grace: float = 5.0
+    sync_root: str = ""  # the head directory holding the marker and the code to copy
 
     @property
     def world_size(self) -> int:
@@ -110,8 +116,44 @@ def build_plan(
         )
         if job.monitor:
             _add_agent(launch, job, node, job_id)
+        if _checks_sync_at_launch(job, node, launch.cwd, head_cwd):
+            launch.sync_marker = f"{MARKER_PREFIX}{job_id}"
+            plan.sync_root = head_cwd
         plan.nodes.append(launch)
     return plan
+
+
+def _checks_sync_at_launch(job: JobSpec, node, cwd: str | None, head_cwd: str) -> bool:
+    """Whether the node's launch checks for the code itself (one SSH session, not two).
+
+    Not for a local node in the head's own directory (nothing to check), and not for a
+    node with setup commands: those run before the launch, after any copy, so that
+    node's check stays in prepare_nodes."""
+    if job.sync != "auto" or not cwd or node.setup:
+        return False
+    if node.is_local:
+        from pathlib import Path
+
+        return Path(cwd).expanduser().resolve() != Path(head_cwd).resolve()
+    return True
+
+
+# Run by the node's login shell before the wrapper: `~` is the node user's home; a
+# missing directory or marker prints MARK {"sync": "missing"} and starts nothing.
+_SYNC_GUARD = ('d=$1; case $d in "~") d=$HOME;; "~/"*) d=$HOME/${d#"~/"};; esac; '
+               'cd "$d" 2>/dev/null && test -f "$2" || { printf "%s\\n" "$3"; exit 0; }; shift 3; exec "$@"')
+SYNC_MISSING = {"sync": "missing"}
+
+
+def node_command(launch: NodeLaunch, *, check_sync: bool = True) -> tuple[list[str], str | None]:
+    """(argv, cwd) to hand the node's runner: the wrapper, behind the code-sync check
+    when the launch carries one."""
+    if not (check_sync and launch.sync_marker):
+        return launch.argv, launch.cwd
+    from dtrain.launch.node import MARK
+
+    missing = MARK + json.dumps(SYNC_MISSING)
+    return ["sh", "-c", _SYNC_GUARD, "sh", launch.cwd or ".", launch.sync_marker, missing, *launch.argv], None
 
 
 def _add_agent(launch: NodeLaunch, job: JobSpec, node, job_id: str) -> None:
@@ -160,6 +202,17 @@ def _node_env(job, node, rank, nodes, addrs, job_id, scratch, ifname) -> dict[st
         workers = [f"{a}:{job.port + 1}" for a in addrs]
         env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}})
     return env
+
+
+def remove_sync_marker(plan: LaunchPlan) -> None:
+    """Remove the marker the nodes' launches look for (once they all have looked)."""
+    from pathlib import Path
+
+    for marker in {n.sync_marker for n in plan.nodes if n.sync_marker}:
+        try:
+            (Path(plan.sync_root) / marker).unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def render(plan: LaunchPlan, local_argv: dict[str, list[str]] | None = None) -> str:

@@ -3,11 +3,13 @@
 Code sync: the working directory is copied to a node's workdir unless that node already
 sees it, which is found out, not assumed: the head writes a marker file named after the
 job into its working directory and each node looks for it in its own workdir (a NAS
-mount or the same path on a shared filesystem finds it). The files sent are those git
-knows (`git ls-files`, so .gitignore is respected) or, outside a repository, everything
-but a default ignore list. rsync over ssh when both ends have it, else a tar stream
-through the node's runner (which works for every runner).
-"""
+mount or the same path on a shared filesystem finds it). A node without setup commands
+looks in its launch command (`plan.node_command`: one SSH session per node, not two);
+the others are checked here, before their setup commands run. The files sent are those
+git knows (`git ls-files`, so .gitignore is respected) or, outside a repository,
+everything but a default ignore list, listed only once some node needs them. rsync over
+ssh when both ends have it, else a tar stream through the node's runner (which works for
+every runner)."""
 
 from __future__ import annotations
 
@@ -15,17 +17,18 @@ import os
 import shlex
 import shutil
 import subprocess
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TextIO
 
 from dtrain.errors import DtrainError
+from dtrain.launch.plan import MARKER_PREFIX
 
 DEFAULT_IGNORE = {".git", "__pycache__", ".venv", "venv", ".mypy_cache", ".pytest_cache",
                   ".ruff_cache", "node_modules", ".ipynb_checkpoints", "runs", "wandb"}
 LARGE_TREE_BYTES = 200 * 1024 * 1024
 SETUP_TIMEOUT = 1800.0
-MARKER_PREFIX = ".dtrain-sync-"
 
 
 def files_to_sync(root: Path) -> list[str]:
@@ -50,6 +53,27 @@ def files_to_sync(root: Path) -> list[str]:
 
 def _is_marker(path: str) -> bool:
     return os.path.basename(path).startswith(MARKER_PREFIX)
+
+
+class Listing:
+    """The files to send, listed once (thread-safe) and only when some node needs them;
+    `warn` hears about a tree too large to copy comfortably."""
+
+    def __init__(self, root: Path, warn) -> None:
+        self.root = root
+        self.warn = warn
+        self._files: list[str] | None = None
+        self._lock = threading.Lock()
+
+    def files(self) -> list[str]:
+        with self._lock:
+            if self._files is None:
+                self._files = files_to_sync(self.root)
+                size = sum((self.root / f).stat().st_size for f in self._files if (self.root / f).exists())
+                if size > LARGE_TREE_BYTES:
+                    self.warn(f"[dtrain] warning: the working directory holds {size / 2**20:.0f} MiB to sync; "
+                              "add large data to .gitignore or put it on shared storage")
+            return self._files
 
 
 def sees_marker(runner, workdir: str, marker: str) -> bool:
@@ -96,18 +120,24 @@ def prepare_nodes(plan, cluster, runners: dict, job, *, out: TextIO) -> None:
     if job.sync == "auto":
         try:
             marker_path.write_text(plan.job_id)
-        except OSError:
+        except OSError:  # a read-only directory: nothing can be checked, nothing is synced
             marker_path = None
-    files: list[str] = []
+            for launch in plan.nodes:
+                launch.sync_marker = ""
+    # Nodes whose launch checks for the marker itself keep it until they have looked
+    # (the job session removes it then); the others are checked here.
+    deferred = any(launch.sync_marker for launch in plan.nodes)
+    listing = Listing(root, lambda text: out.write(text + "\n"))
+
     try:
         def one(launch) -> str | None:
             runner = runners[launch.name]
             node = cluster.node(launch.name)
             copied = None
-            if job.sync == "auto" and marker_path is not None and launch.cwd:
+            if job.sync == "auto" and marker_path is not None and launch.cwd and not launch.sync_marker:
                 same_dir = node.is_local and Path(launch.cwd).expanduser().resolve() == root.resolve()
                 if not same_dir and not sees_marker(runner, launch.cwd, marker):
-                    copy_tree(runner, root, files, launch.cwd)
+                    copy_tree(runner, root, listing.files(), launch.cwd)
                     copied = launch.name
             for command in node.setup:
                 res = runner.run(["sh", "-c", command], timeout=SETUP_TIMEOUT, env=launch.env, cwd=launch.cwd)
@@ -117,20 +147,13 @@ def prepare_nodes(plan, cluster, runners: dict, job, *, out: TextIO) -> None:
                                       + " | ".join(tail), "fix the node's setup commands in cluster.yaml")
             return copied
 
-        if job.sync == "auto":
-            # List the files once, up front, so the threads share one listing.
-            need = [ln for ln in plan.nodes if ln.cwd and not (
-                cluster.node(ln.name).is_local and Path(ln.cwd).expanduser().resolve() == root.resolve())]
-            if need:
-                files.extend(files_to_sync(root))
-                size = sum((root / f).stat().st_size for f in files if (root / f).exists())
-                if size > LARGE_TREE_BYTES:
-                    out.write(f"[dtrain] warning: the working directory holds {size / 2**20:.0f} MiB to sync; "
-                              "add large data to .gitignore or put it on shared storage\n")
         with ThreadPoolExecutor(max_workers=max(1, len(plan.nodes))) as pool:
             copied = [c for c in pool.map(one, plan.nodes) if c]
         if copied:
-            out.write(f"[dtrain] code copied to {', '.join(copied)} ({len(files)} files)\n")
+            out.write(f"[dtrain] code copied to {', '.join(copied)} ({len(listing.files())} files)\n")
+    except BaseException:
+        deferred = False
+        raise
     finally:
-        if marker_path is not None:
+        if marker_path is not None and not deferred:
             marker_path.unlink(missing_ok=True)

@@ -6,6 +6,9 @@ torchrun, the wrapper's status lines (MARK) are stripped and feed the watchdog, 
 other lines get a `[node] ` prefix. Each line goes to the terminal, to
 `logs/<node>.log` and to `output.log` (the interleaved view `dtrain logs` replays).
 
+A node whose launch finds no code (its marker check, plan.node_command) starts nothing
+and says so; the session copies the code there in the background and launches it again.
+
 Stopping a node = closing its stdin: the wrapper then stops torchrun and every worker.
 If the wrapper cannot be reached, the local ssh/child process is terminated after
 `grace + 5` s and killed after `grace + 15` s, so every node is down within 30 s.
@@ -26,7 +29,7 @@ from typing import TextIO
 
 from dtrain.launch.monitoring import Monitoring
 from dtrain.launch.node import MARK
-from dtrain.launch.plan import KEEPALIVE, LaunchPlan
+from dtrain.launch.plan import KEEPALIVE, SYNC_MISSING, LaunchPlan, node_command, remove_sync_marker
 from dtrain.launch.summary import NodeEnd, RootCause, root_cause
 from dtrain.launch.watchdog import Hang, Watchdog
 
@@ -61,6 +64,9 @@ class _Node:
         self.eof = False
         self.exit_reported: int | None = None
         self.stop_sent_at: float | None = None
+        self.sync_missing = False  # its launch found no code: copy, then launch again
+        self.copy: threading.Thread | None = None
+        self.copy_error: str | None = None
 
 
 class JobSession:
@@ -86,6 +92,11 @@ class JobSession:
         self._stop_state = "stopped"
         self.first_output_at: float | None = None
         self._next_keepalive = 0.0
+        # Code sync checked by the launches themselves (plan.node_command): the nodes yet
+        # to look for the marker, the nodes the code was copied to, the shared listing.
+        self._to_look = {n.name for n in plan.nodes if n.sync_marker}
+        self._synced: set[str] = set()
+        self._listing = None
 
     # -- control from outside (signal handlers, `dtrain stop`) --------------------------
 
@@ -112,11 +123,13 @@ class JobSession:
             for node in self.nodes.values():
                 node.log.close()
             self.combined.close()
+            self._remove_marker()
 
     def _start(self, launch, logs: Path) -> None:
         runner = self.runners[launch.name]
+        argv, cwd = node_command(launch, check_sync=launch.name not in self._synced)
         proc = runner.popen(
-            launch.argv, env=launch.env, cwd=launch.cwd,
+            argv, env=launch.env, cwd=cwd,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             # Own session: a Ctrl-C on the terminal reaches only the head, which then stops
             # the nodes in order, instead of killing the ssh clients under it.
@@ -137,8 +150,11 @@ class JobSession:
         while True:
             self._drain(timeout=0.2)
             now = self.clock()
-            for node in self.nodes.values():
+            for node in list(self.nodes.values()):
                 if node.end.exit_code is None and node.eof and node.proc.poll() is not None:
+                    if node.sync_missing and self.stop_reason is None:
+                        self._copy_then_launch(node)
+                        continue
                     self._ended(node, now)
                     if failure is None and node.end.exit_code != 0 and self.stop_reason is None:
                         failure = self._on_node_failure(node)
@@ -154,6 +170,51 @@ class JobSession:
             if all(n.end.exit_code is not None for n in self.nodes.values()):
                 break
         return self._outcome(failure, hang)
+
+    # -- code sync for the nodes whose launch found no code ----------------------------
+
+    def _looked(self, name: str) -> None:
+        """The node's launch got past (or failed) its marker check: once every such node
+        has, the marker goes."""
+        if name in self._to_look:
+            self._to_look.discard(name)
+            if not self._to_look:
+                self._remove_marker()
+
+    def _remove_marker(self) -> None:
+        remove_sync_marker(self.plan)
+
+    def _copy_then_launch(self, node: _Node) -> None:
+        """Copy the code in the background (the loop goes on), then launch again."""
+        if node.copy is None:
+            if self._listing is None:
+                from dtrain.launch.prepare import Listing
+
+                self._listing = Listing(Path(self.plan.sync_root), self._say)
+            node.copy = threading.Thread(target=self._copy, args=(node,), daemon=True)
+            node.copy.start()
+            return
+        if node.copy.is_alive():
+            return
+        name = node.launch.name
+        node.sync_missing = False
+        if node.copy_error is not None:
+            node.exit_reported = 1
+            node.end.add(None, node.copy_error)
+            self._say(f"[dtrain] {node.copy_error}")
+            return  # the loop ends the node as failed
+        self._say(f"[dtrain] code copied to {name} ({len(self._listing.files())} files)")
+        self._synced.add(name)
+        node.log.close()
+        self._start(node.launch, self.job_dir / "logs")
+
+    def _copy(self, node: _Node) -> None:
+        from dtrain.launch.prepare import copy_tree
+
+        try:
+            copy_tree(self.runners[node.launch.name], self._listing.root, self._listing.files(), node.launch.cwd)
+        except Exception as exc:  # reported as the node's failure
+            node.copy_error = f"copying the code to {node.launch.name} failed: {exc}".splitlines()[0]
 
     def _keepalive(self) -> None:
         for node in self.nodes.values():
@@ -193,11 +254,16 @@ class JobSession:
     def _handle(self, name: str, line: str | None) -> None:
         node = self.nodes[name]
         now = self.clock()
+        self._looked(name)
         if line is None:
             node.eof = True
             return
         if line.startswith(MARK):
-            self._marker(node, json.loads(line[len(MARK):]), now)
+            payload = json.loads(line[len(MARK):])
+            if payload == SYNC_MISSING:
+                node.sync_missing = True
+                return
+            self._marker(node, payload, now)
             return
         m = _PREFIXED.match(line)
         if m and m.group("node") == name:

@@ -60,13 +60,30 @@ def _signals_stop(session: JobSession):
             signal.signal(sig, handler)
 
 
-def supervise(job_id: str, *, out: TextIO, registry: JobRegistry | None = None) -> Outcome:
-    from dtrain.cluster.runner import runner_for
-
+def supervise(job_id: str, *, out: TextIO, registry: JobRegistry | None = None,
+              runners: dict | None = None, plan: LaunchPlan | None = None) -> Outcome:
+    """Drive the job to its end. `runners` and `plan` come from the foreground `dtrain
+    run` (which owns the runners' shared connections); a detached supervisor reads the
+    job file and opens - and closes - its own."""
     registry = registry or JobRegistry()
     directory = job_dir(job_id)
-    plan, cluster, job = read_job_file(directory)
-    runners = {n.name: runner_for(n, cluster) for n in cluster.nodes}
+    connections = None
+    if runners is None or plan is None:
+        from dtrain.launch.launcher import job_runners
+
+        plan, cluster, _ = read_job_file(directory)
+        runners, connections = job_runners(cluster, job_id)
+    try:
+        return _supervise(job_id, plan, runners, directory, out=out, registry=registry)
+    finally:
+        if connections:
+            from dtrain.cluster.ssh import close_connections
+
+            close_connections(connections)
+
+
+def _supervise(job_id: str, plan: LaunchPlan, runners: dict, directory: Path, *, out: TextIO,
+               registry: JobRegistry) -> Outcome:
     registry.set_supervisor(job_id, os.getpid())
     registry.mark_running(job_id)
     session = JobSession(plan, runners, directory, out=out)
