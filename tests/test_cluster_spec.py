@@ -70,6 +70,21 @@ def test_from_hosts_and_select():
     assert [n.name for n in ClusterSpec.from_hosts(["local", "local"]).nodes] == ["local0", "local1"]
 
 
+def test_one_loader_for_every_command_line_form(tmp_path):
+    from dtrain.cluster.spec import cluster_from_args
+
+    with pytest.raises(ConfigError, match="no cluster given"):
+        cluster_from_args(None, None)  # dtrain check needs one
+    alone = cluster_from_args(None, None, default_local=True)  # dtrain run: this machine
+    assert [(n.host, n.python) for n in alone.nodes] == [("local", sys.executable)]
+    quick = cluster_from_args(None, "h1, h2", python="/opt/py")
+    assert [(n.name, n.python) for n in quick.nodes] == [("h1", "/opt/py"), ("h2", "/opt/py")]
+    path = tmp_path / "cluster.yaml"
+    path.write_text("defaults: {python: /p}\nnodes: [a1, a2, a3]\n")
+    assert [(n.name, n.python) for n in cluster_from_args(path, "a3,a1").nodes] == [("a3", "/p"), ("a1", "/p")]
+    assert {n.python for n in cluster_from_args(path, None, python="/q").nodes} == {"/q"}
+
+
 def test_unknown_runner_lists_the_valid_ones():
     with pytest.raises(ConfigError, match="did you mean 'ssh'"):
         runner_class("shh")

@@ -11,31 +11,6 @@ import typer
 from dtrain.cli import launch_cmd
 
 
-def load_cluster_arg(cluster: Optional[Path], hosts: Optional[str], python: Optional[str] = None):
-    """The cluster named on a command line: a cluster.yaml, `--hosts h1,h2`, or both
-    (the file restricted to those nodes).
-
-    The quick form runs the head's own interpreter path on every node, as `dtrain run
-    --hosts` does (a venv at the same path everywhere); `--python` overrides both forms."""
-    import sys
-
-    from dtrain.cluster.spec import ClusterSpec, load_cluster
-    from dtrain.errors import ConfigError
-
-    names = [h.strip() for h in (hosts or "").split(",") if h.strip()]
-    if cluster is None and not names:
-        raise ConfigError("no cluster given", "pass a cluster.yaml, or --hosts h1,h2 (use 'local' for this machine)")
-    if cluster is None:
-        spec = ClusterSpec.from_hosts(names, defaults={"python": python or sys.executable})
-    else:
-        spec = load_cluster(cluster)
-        if names:
-            spec = spec.select(names)
-    if python and cluster is not None:
-        spec = spec.model_copy(update={"nodes": [n.model_copy(update={"python": python}) for n in spec.nodes]})
-    return spec
-
-
 def check(
     cluster: Optional[Path] = typer.Argument(None, help="cluster.yaml (omit with --hosts)."),
     hosts: Optional[str] = typer.Option(None, "--hosts",
@@ -52,9 +27,10 @@ def check(
     from rich.console import Console
 
     from dtrain.cluster.preflight import run_preflight
+    from dtrain.cluster.spec import cluster_from_args
     from dtrain.errors import PreflightError
 
-    spec = load_cluster_arg(cluster, hosts, python)
+    spec = cluster_from_args(cluster, hosts, python=python)
     report = run_preflight(spec, master_port=port, timeout=timeout, out=None if as_json else Console())
     if as_json:
         typer.echo(report.model_dump_json(indent=2))

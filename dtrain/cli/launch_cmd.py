@@ -47,7 +47,8 @@ def register(app: typer.Typer) -> None:
         no_sync: bool = typer.Option(False, "--no-sync", help="Do not copy the working directory."),
         no_monitor: bool = typer.Option(False, "--no-monitor", help="Do not start the node agents."),
     ) -> None:
-        from dtrain.launch.cli_support import cluster_from, job_from, print_and_exit
+        from dtrain.cluster.spec import cluster_from_args
+        from dtrain.launch.cli_support import job_from, print_and_exit
         from dtrain.launch.launcher import start
 
         words = list(ctx.args)
@@ -58,7 +59,7 @@ def register(app: typer.Typer) -> None:
             tf_config=tf_config or None, sync="never" if no_sync else None,
             monitor=False if no_monitor else None,
         )
-        cluster = cluster_from(cluster_file, hosts)
+        cluster = cluster_from_args(cluster_file, hosts, default_local=True)
         started = start(job, cluster, out=sys.stdout, run_preflight=not no_preflight,
                         dry_run=dry_run, detach=detach)
         print_and_exit(started.exit_status)

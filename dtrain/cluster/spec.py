@@ -207,6 +207,32 @@ def load_cluster(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) 
     return load_config(ClusterSpec, path, overrides)
 
 
+def cluster_from_args(cluster_file: str | Path | None, hosts: str | None, *, python: str | None = None,
+                      default_local: bool = False) -> ClusterSpec:
+    """The cluster a command line names (`dtrain check`, `dtrain run`): a cluster.yaml,
+    `--hosts h1,h2`, or both (the file restricted to those nodes).
+
+    The quick form runs the head's own interpreter path on every node (a venv at the same
+    path everywhere); `python` overrides the interpreter in both forms. Neither given:
+    this machine alone if `default_local`, else a ConfigError."""
+    import sys
+
+    names = [h.strip() for h in (hosts or "").split(",") if h.strip()]
+    if cluster_file is None and not names:
+        if not default_local:
+            raise ConfigError("no cluster given",
+                              "pass a cluster.yaml, or --hosts h1,h2 (use 'local' for this machine)")
+        names = [LOCAL]
+    if cluster_file is None:
+        return ClusterSpec.from_hosts(names, defaults={"python": python or sys.executable})
+    spec = load_cluster(cluster_file)
+    if names:
+        spec = spec.select(names)
+    if python:
+        spec = spec.model_copy(update={"nodes": [n.model_copy(update={"python": python}) for n in spec.nodes]})
+    return spec
+
+
 def _merge_defaults(defaults: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
     merged = {k: v for k, v in defaults.items() if k not in ("env", "setup")}
     merged.update(node)

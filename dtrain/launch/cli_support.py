@@ -1,8 +1,8 @@
-"""`dtrain run` flags -> a JobSpec and a ClusterSpec (validated at the edge)."""
+"""`dtrain run` flags -> a JobSpec (validated at the edge); the ClusterSpec comes from
+`dtrain.cluster.spec.cluster_from_args`, shared with `dtrain check`."""
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import typer
@@ -38,18 +38,6 @@ def job_from(job_file: str | None, command: list[str], **flags: Any):
         base["env"] = {**merged["env"], **base["env"]}
     merged.update(base)
     return load_config(JobSpec, None, base=merged)
-
-
-def cluster_from(cluster_file: str | None, hosts: str | None):
-    from dtrain.cluster.spec import ClusterSpec, load_cluster
-
-    host_list = [h.strip() for h in hosts.split(",")] if hosts else None
-    if cluster_file:
-        cluster = load_cluster(cluster_file)
-        return cluster.select(host_list) if host_list else cluster
-    # The quick form runs the head's own interpreter path on every node (a venv at the
-    # same path everywhere); a cluster.yaml can name a different one per node.
-    return ClusterSpec.from_hosts(host_list or ["local"], defaults={"python": sys.executable})
 
 
 def print_and_exit(status: int) -> None:
