@@ -8,9 +8,11 @@ one after the other so that load drifts hit every variant alike:
   ours:     dtrain run cluster.yaml --no-preflight --nproc-per-node 1 -- python plain_ddp.py
   ours + preflight: the same without --no-preflight,
   check:    `dtrain check cluster.yaml` alone (the preflight's own cost),
-and measures the wall time until rank 0's first "step 0" line reaches the head. Reported:
-medians, the overhead (ours - baseline, per round, then the median) and the preflight's
-cost (ours + preflight - ours, per round, then the median), with the load average.
+and measures the wall time until rank 0's first "step 0" line reaches the head, and until
+torchrun has started on both nodes (stamped by the nodes' interpreter, see Stamps): the
+part dtrain adds before torchrun, apart from the torch start-up that follows, which is
+the same work in both and only noise on a loaded machine. Reported: medians, dtrain's
+overhead and the preflight's cost as medians of per-round differences, the load average.
 
     sudo flock /tmp/dtrain-bench.lock .venv/bin/python bench/launch_latency.py [--rounds 5]
 """
@@ -40,13 +42,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class Stamps:
+    """The interpreter both variants run on the nodes: the venv's python behind a shell
+    script that notes when torchrun starts (one `date`, the same for both), so the time
+    to torchrun's start - what dtrain adds before it - is read apart from the rest."""
+
+    def __init__(self, tmpdir: Path) -> None:
+        self.log = tmpdir / "torchrun-starts.log"
+        self.python = tmpdir / "python"
+        self.python.write_text(f'#!/bin/sh\ncase "$2" in torch.distributed.run) date +%s.%N >> {self.log};; esac\n'
+                               f'exec {sys.executable} "$@"\n')
+        self.python.chmod(0o755)
+
+    def reset(self) -> None:
+        self.log.write_text("")
+
+    def started(self, t0: float, n_nodes: int) -> float:
+        """Seconds from t0 until torchrun had started on every node."""
+        stamps = [float(x) for x in self.log.read_text().split()]
+        if len(stamps) < n_nodes:
+            raise RuntimeError(f"torchrun started on {len(stamps)} of {n_nodes} nodes")
+        return max(stamps[:n_nodes]) - t0
+
+
 def until_first_step(procs: list[subprocess.Popen], watch: subprocess.Popen, t0: float, timeout: float) -> float:
     deadline = t0 + timeout
     for line in watch.stdout:
         if FIRST_STEP in line:
-            elapsed = time.perf_counter() - t0
+            elapsed = time.time() - t0
             break
-        if time.perf_counter() > deadline:
+        if time.time() > deadline:
             raise RuntimeError("no first step before the timeout")
     else:
         raise RuntimeError(f"the run ended before its first step (rc {watch.wait()})")
@@ -58,28 +83,31 @@ def until_first_step(procs: list[subprocess.Popen], watch: subprocess.Popen, t0:
     return elapsed
 
 
-def ours(yaml: Path, home: str, preflight: bool) -> float:
+def ours(yaml: Path, home: str, preflight: bool, stamps: Stamps) -> tuple[float, float]:
+    """(seconds to the first step, seconds until torchrun ran on every node)"""
     argv = [sys.executable, "-m", "dtrain", "run", str(yaml), "--nproc-per-node", "1",
             "--port", str(free_port()), *([] if preflight else ["--no-preflight"]),
             "--", "python", SCRIPT, "--epochs", "1"]
-    t0 = time.perf_counter()
+    stamps.reset()
+    t0 = time.time()
     proc = subprocess.Popen(argv, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             env={**os.environ, "DTRAIN_HOME": home})
-    return until_first_step([proc], proc, t0, 300)
+    return until_first_step([proc], proc, t0, 300), stamps.started(t0, 2)
 
 
-def by_hand(cluster, hosts) -> float:
+def by_hand(cluster, hosts, stamps: Stamps) -> tuple[float, float]:
     port = free_port()
     master = hosts[0].address
     procs = []
-    t0 = time.perf_counter()
+    stamps.reset()
+    t0 = time.time()
     for rank, h in enumerate(hosts):
         remote = (f"cd {shlex.quote(str(REPO))} && GLOO_SOCKET_IFNAME=eth0 PYTHONUNBUFFERED=1 "
-                  f"exec {shlex.quote(sys.executable)} -m torch.distributed.run --nnodes 2 --node-rank {rank} "
+                  f"exec {shlex.quote(str(stamps.python))} -m torch.distributed.run --nnodes 2 --node-rank {rank} "
                   f"--master-addr {master} --master-port {port} --nproc-per-node 1 {shlex.quote(SCRIPT)} --epochs 1")
         procs.append(subprocess.Popen(["ssh", "-F", str(cluster.ssh_config), h.name, remote], text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
-    return until_first_step(procs, procs[0], t0, 300)
+    return until_first_step(procs, procs[0], t0, 300), stamps.started(t0, 2)
 
 
 def timed_min(argv: list[str], n: int, **kwargs) -> float:
@@ -126,7 +154,9 @@ def main() -> int:
         return 1
     cluster = netns.build(2)
     try:
+        stamps = Stamps(cluster.tmpdir)
         yaml = cluster.cluster_yaml(2)
+        yaml.write_text(yaml.read_text().replace(f"python: {sys.executable}", f"python: {stamps.python}"))
         home = tempfile.mkdtemp(prefix="dtrain-bench-home-")
         print(f"load average at the start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
         parts(cluster, yaml, home, max(3, args.rounds))
@@ -134,25 +164,30 @@ def main() -> int:
             return 0
         base, mine, checked, checks, loads = [], [], [], [], []
         for i in range(args.rounds):
-            base.append(by_hand(cluster, cluster.hosts))
-            mine.append(ours(yaml, home, preflight=False))
-            checked.append(ours(yaml, home, preflight=True))
+            base.append(by_hand(cluster, cluster.hosts, stamps))
+            mine.append(ours(yaml, home, False, stamps))
+            checked.append(ours(yaml, home, True, stamps))
             checks.append(check(yaml))
             loads.append(os.getloadavg()[0])
-            print(f"round {i + 1}: by hand {base[-1]:.2f} s   dtrain run {mine[-1]:.2f} s "
-                  f"(overhead {mine[-1] - base[-1]:+.2f} s)   dtrain run + preflight {checked[-1]:.2f} s   "
-                  f"dtrain check {checks[-1]:.2f} s   load {loads[-1]:.1f}", flush=True)
+            print(f"round {i + 1}: first step / torchrun started on both: by hand {base[-1][0]:.2f} / "
+                  f"{base[-1][1]:.2f} s   dtrain run {mine[-1][0]:.2f} / {mine[-1][1]:.2f} s   "
+                  f"+ preflight {checked[-1][0]:.2f} / {checked[-1][1]:.2f} s   dtrain check {checks[-1]:.2f} s   "
+                  f"load {loads[-1]:.1f}", flush=True)
         med = statistics.median
-        b, m, c, k = med(base), med(mine), med(checked), med(checks)
-        over = med([x - y for x, y in zip(mine, base)])
-        pre = med([x - y for x, y in zip(checked, mine)])
+
+        def diff(a, b, k):  # the median of per-round differences: load drifts cancel
+            return med([x[k] - y[k] for x, y in zip(a, b)])
+
         print(f"\nmedian over {args.rounds} rounds (load average {min(loads):.1f}-{max(loads):.1f}), "
-              "time to first training step on 2 hosts x 1 proc:")
-        print(f"  torchrun by hand (ssh in parallel): {b:.2f} s")
-        print(f"  dtrain run --no-preflight:          {m:.2f} s   overhead {over:+.2f} s (median of per-round "
-              f"differences; medians differ by {m - b:+.2f} s, ratio {m / b:.2f})")
-        print(f"  dtrain run (with preflight):        {c:.2f} s   preflight adds {pre:+.2f} s (per-round median)")
-        print(f"  dtrain check alone:                 {k:.2f} s")
+              "2 hosts x 1 proc:")
+        for label, runs in (("torchrun by hand (ssh in parallel)", base), ("dtrain run --no-preflight", mine),
+                            ("dtrain run (with preflight)", checked)):
+            print(f"  {label:36s} first step {med([r[0] for r in runs]):6.2f} s   "
+                  f"torchrun started {med([r[1] for r in runs]):5.2f} s")
+        print(f"  overhead of dtrain run --no-preflight: {diff(mine, base, 0):+.2f} s to the first step, "
+              f"{diff(mine, base, 1):+.2f} s to torchrun's start")
+        print(f"  preflight's own cost: {diff(checked, mine, 0):+.2f} s to the first step, "
+              f"{diff(checked, mine, 1):+.2f} s to torchrun's start; dtrain check alone {med(checks):.2f} s")
     finally:
         netns.teardown(cluster)
     return 0

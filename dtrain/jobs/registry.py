@@ -63,6 +63,9 @@ class JobRecord:
 
 def process_start_time(pid: int) -> float | None:
     """Start time of `pid` (None if no such process): tells a live pid from a reused one."""
+    started = _proc_start_time(pid)
+    if started is not None:
+        return None if started < 0 else started
     import psutil
 
     try:
@@ -73,6 +76,26 @@ def process_start_time(pid: int) -> float | None:
             return None
         return proc.create_time()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def _proc_start_time(pid: int) -> float | None:
+    """psutil's create_time read straight from /proc (boot time + start ticks), without
+    importing psutil on the launch path: -1 for a zombie or no such process, None where
+    /proc cannot tell (then psutil answers)."""
+    import os
+
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        with open("/proc/stat", "rb") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+        if fields[0] == b"Z":
+            return -1.0
+        return btime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except FileNotFoundError:
+        return -1.0
+    except (OSError, ValueError, IndexError, StopIteration):
         return None
 
 

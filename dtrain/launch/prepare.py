@@ -18,7 +18,6 @@ import shlex
 import shutil
 import subprocess
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TextIO
 
@@ -129,16 +128,20 @@ def prepare_nodes(plan, cluster, runners: dict, job, *, out: TextIO) -> None:
     deferred = any(launch.sync_marker for launch in plan.nodes)
     listing = Listing(root, lambda text: out.write(text + "\n"))
 
+    def checked_here(launch) -> bool:
+        if job.sync != "auto" or marker_path is None or not launch.cwd or launch.sync_marker:
+            return False
+        node = cluster.node(launch.name)
+        return not (node.is_local and Path(launch.cwd).expanduser().resolve() == root.resolve())
+
     try:
         def one(launch) -> str | None:
             runner = runners[launch.name]
             node = cluster.node(launch.name)
             copied = None
-            if job.sync == "auto" and marker_path is not None and launch.cwd and not launch.sync_marker:
-                same_dir = node.is_local and Path(launch.cwd).expanduser().resolve() == root.resolve()
-                if not same_dir and not sees_marker(runner, launch.cwd, marker):
-                    copy_tree(runner, root, listing.files(), launch.cwd)
-                    copied = launch.name
+            if checked_here(launch) and not sees_marker(runner, launch.cwd, marker):
+                copy_tree(runner, root, listing.files(), launch.cwd)
+                copied = launch.name
             for command in node.setup:
                 res = runner.run(["sh", "-c", command], timeout=SETUP_TIMEOUT, env=launch.env, cwd=launch.cwd)
                 if res.returncode != 0:
@@ -147,8 +150,13 @@ def prepare_nodes(plan, cluster, runners: dict, job, *, out: TextIO) -> None:
                                       + " | ".join(tail), "fix the node's setup commands in cluster.yaml")
             return copied
 
-        with ThreadPoolExecutor(max_workers=max(1, len(plan.nodes))) as pool:
-            copied = [c for c in pool.map(one, plan.nodes) if c]
+        busy = [launch for launch in plan.nodes if cluster.node(launch.name).setup or checked_here(launch)]
+        copied = []
+        if busy:  # (nothing to do here is the common launch: no thread pool to start)
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(max_workers=len(busy)) as pool:
+                copied = [c for c in pool.map(one, busy) if c]
         if copied:
             out.write(f"[dtrain] code copied to {', '.join(copied)} ({len(listing.files())} files)\n")
     except BaseException:
