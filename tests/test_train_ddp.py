@@ -110,39 +110,42 @@ def _kill_tree(proc: subprocess.Popen) -> None:
 
 
 def test_resume_after_sigkill_matches_an_uninterrupted_run(synth_data, tmp_path, dtrain_cmd):
-    """`dtrain train --nproc 2`, every process SIGKILLed once the epoch-1 checkpoint
-    exists, then `--resume`: the final weights equal an uninterrupted run's (CPU fp32).
+    """`dtrain train --nproc 2` checkpointing every 4 steps (6 steps per epoch), every
+    process SIGKILLed while the ranks wait after step 9 (the test-only stall knob, so the
+    kill lands at a known point), then `--resume` from the mid-epoch checkpoint of step 8:
+    the final weights equal an uninterrupted run's (CPU fp32).
 
     With augmentation on, a DataLoader worker per rank and BatchNorm: resume has to
-    restore model, optimizer, scheduler, epoch/step and RNG, and the per-sample seeded
-    augmentation must not depend on worker history.
+    restore model, optimizer, scheduler, epoch/step and RNG, skip the samples the epoch
+    already trained on, and the per-sample seeded augmentation must not depend on worker
+    history.
     """
+    from dtrain.train.trainer import STALL_ENV
+
     data = small_copy(synth_data, tmp_path / "data", {"train": 16, "val": 4})
-    extra = dict(epochs=4, batch_size=8, data={"augment": True, "num_workers": 1})
+    extra = dict(epochs=2, batch_size=8, checkpoint_every_steps=4, data={"augment": True, "num_workers": 1})
     full = write_config(tmp_path / "full.yaml", data, tmp_path / "full", **extra)
     killed = write_config(tmp_path / "killed.yaml", data, tmp_path / "killed", **extra)
     run(dtrain_cmd + ["train", str(full), "--nproc", "2"])
 
-    # last.pt is published right after ckpt-epoch0001.pt: wait for the pair.
-    first = tmp_path / "killed" / "checkpoints" / "last.pt"
-    proc = subprocess.Popen(
-        dtrain_cmd + ["train", str(killed), "--nproc", "2"], cwd=REPO,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )
+    log = tmp_path / "killed.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(dtrain_cmd + ["train", str(killed), "--nproc", "2"], cwd=REPO, stdout=fh,
+                                stderr=subprocess.STDOUT, env=dict(os.environ, **{STALL_ENV: "9"}))
     try:
         deadline = time.monotonic() + TIMEOUT
-        while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert first.exists(), f"no epoch-1 checkpoint; the run ended with {proc.poll()}"
+        while log.read_text(errors="replace").count("stalled after step 9") < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
     finally:
         _kill_tree(proc)
     interrupted = final_state(tmp_path / "killed")
-    assert 1 <= interrupted["epoch"] < 4, "the kill came too late to test anything"
+    assert (interrupted["epoch"], interrupted["step_in_epoch"], interrupted["step"]) == (1, 2, 8)
 
     out = run(dtrain_cmd + ["train", str(killed), "--nproc", "2", "--resume"])
     assert "resumed from" in out.stderr + out.stdout
     a, b = final_state(tmp_path / "full"), final_state(tmp_path / "killed")
-    assert a["epoch"] == b["epoch"] == 4 and a["step"] == b["step"]
+    assert a["epoch"] == b["epoch"] == 2 and a["step"] == b["step"] == 12
     assert max_diff(a["model"], b["model"]) <= 1e-6
     assert max_diff(a["model"], interrupted["model"]) > 1e-3
 
