@@ -159,14 +159,10 @@ class ShardDataset(Dataset):
             name = self.shards[shard]
             local = (self.cache.get(name) if self.cache else None) or self.store.local_path(name)
             if local is None:
-                merged = coalesce([(*self._extent(indices[p]), p) for p in positions], MERGE_GAP)
-                size = self.shard_bytes[shard]
-                if self.cache and self.cache.fits(size) and sum(e - b for b, e, _ in merged) >= WHOLE_SHARD_SHARE * size:
-                    merged = [(0, size, positions)]
-                    whole.add(shard)
-                elif self.cache:
-                    self.cache.want(name, size)
+                merged, is_whole = self._remote_spans(shard, [(*self._extent(indices[p]), p) for p in positions])
                 spans += [(shard, b, e, tags) for b, e, tags in merged]
+                if is_whole:
+                    whole.add(shard)
                 continue
             try:
                 with open(local, "rb") as fh:
@@ -187,6 +183,19 @@ class ShardDataset(Dataset):
                     offset, end = self._extent(indices[pos])
                     out[pos] = blob[offset - start:end - start]
         return out
+
+    def _remote_spans(self, shard: int, ranges: list[tuple[int, int, int]]) -> tuple[list[tuple[int, int, list[int]]], bool]:
+        """The GETs for a batch's (start, end, position) ranges in one remote shard:
+        merged ranges, or the whole shard (True) when they would cover most of it and
+        the cache can keep it; otherwise the cache fetches the shard in the background."""
+        merged = coalesce(ranges, MERGE_GAP)
+        size = self.shard_bytes[shard]
+        if self.cache is None:
+            return merged, False
+        if self.cache.fits(size) and sum(e - b for b, e, _ in merged) >= WHOLE_SHARD_SHARE * size:
+            return [(0, size, [tag for _, _, tags in merged for tag in tags])], True
+        self.cache.want(self.shards[shard], size)
+        return merged, False
 
     def _extent(self, index: int) -> tuple[int, int]:
         """[start, end) of sample `index` in its shard."""
