@@ -28,6 +28,7 @@ def test_model_dir_is_self_contained(exported_model):
     assert card.preprocessing.image_size == 32 and card.preprocessing.colour == "RGB"
     assert card.classes[card.negative_index] == card.negative_class == "ok"
     assert card.target_miss_rate == TARGET_MISS_RATE and 0.0 <= card.threshold <= 1.0
+    assert card.threshold_rule == "bound95"  # the default, as the quickstart evaluates
     assert card.preferred_backend in card.backends and card.preferred_backend in card.throughput_images_per_s
     assert set(card.files) == {"model.onnx"}
     assert card.files["model.onnx"] == sha256_file(exported_model / "model.onnx")

@@ -19,6 +19,10 @@ def export(
     data: str | None = typer.Option(None, "--data", help="Data root whose val split verifies the export (default: the training run's)."),
     calibration: str | None = typer.Option(None, "--calibration", help="Images (dir or glob) to calibrate int8 on (default: the train split)."),
     target_miss_rate: float = typer.Option(0.005, "--target-miss-rate", help="The threshold keeps the val miss rate at or under this."),
+    threshold_rule: str = typer.Option(
+        "bound95", "--threshold-rule",
+        help="bound95: the val miss rate's 95 % upper bound <= target; rate: the val miss rate itself (as `dtrain eval --calibration`).",
+    ),
     backends: str | None = typer.Option(None, "--backends", help="Comma-separated backends to verify and time (default: all that apply)."),
 ) -> None:
     """Export a checkpoint to a verified, self-contained model directory."""
@@ -31,6 +35,7 @@ def export(
     opts = validate(ExportOptions, {
         "checkpoint": str(checkpoint), "out": str(out), "format": format, "quantize": quantize, "data": data,
         "calibration": calibration, "target_miss_rate": target_miss_rate,
+        "threshold_rule": threshold_rule,
         "backends": [b.strip() for b in backends.split(",") if b.strip()] if backends else None,
     }, "the command line")
     console = Console(stderr=True)
@@ -42,7 +47,8 @@ def export(
 def _print_card(console, card, out: Path) -> None:
     from rich.table import Table
 
-    table = Table(title=f"{out}: threshold {card.threshold:.4f} for a target miss rate of {card.target_miss_rate:.2%}")
+    table = Table(title=f"{out}: threshold {card.threshold:.4f} for a target miss rate of {card.target_miss_rate:.2%} "
+                        f"({card.threshold_rule})")
     for col in ("backend", f"images/s @ {card.throughput_batch}", "verdict agreement", "max |dP|", "val miss rate"):
         table.add_column(col)
     for name, ips in sorted(card.throughput_images_per_s.items(), key=lambda kv: -kv[1]):

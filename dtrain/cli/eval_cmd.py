@@ -80,10 +80,10 @@ def print_summary(result: dict, out_dir: Path | None = None, console=None) -> No
 
 def quickstart_command(
     workdir: Path = typer.Option(Path("runs/quickstart"), "--workdir", help="Where data, checkpoints and the report go."),
-    images: int | None = typer.Option(None, "--images", min=60, help="Images to synthesise (default: the recipe's 6000)."),
+    images: int | None = typer.Option(None, "--images", min=60, help="Images to synthesise (default: the recipe's, in dtrain/quickstart.py)."),
     epochs: int | None = typer.Option(None, "--epochs", min=1, help="Training epochs (default: the recipe's)."),
     nproc: int | None = typer.Option(None, "--nproc", min=1, help="DDP processes (default: one per GPU, else 2, capped by the cores)."),
-    image_size: int | None = typer.Option(None, "--image-size", min=16, max=512, help="Image side in pixels (default: the recipe's 64)."),
+    image_size: int | None = typer.Option(None, "--image-size", min=16, max=512, help="Image side in pixels (default: the recipe's)."),
 ) -> None:
     """The whole recipe on this machine: synthesise data, train with DDP, evaluate, write report.json + report.html."""
     from dtrain.quickstart import QuickstartOptions, run_quickstart

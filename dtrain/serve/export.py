@@ -55,6 +55,10 @@ class ExportOptions(StrictModel):
     calibration: str | None = None
     calibration_images: int = Field(256, ge=1)
     target_miss_rate: float = Field(0.005, gt=0.0, lt=1.0)
+    # How the threshold is chosen on validation (dtrain.inspect.metrics.allowed_misses):
+    # bound95, the miss rate's 95 % upper bound within target, is what the quickstart
+    # evaluates with; a plant line wants the bound, not a coin flip on new parts.
+    threshold_rule: Literal["rate", "bound95"] = "bound95"
     # Candidate backends to verify and time (default: every one this export can run).
     backends: list[str] | None = None
     batch: int = Field(32, ge=1)
@@ -82,7 +86,7 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
     neg = classes.index(negative)
     p_ref = 1.0 - softmax64(ref)[:, neg]
     is_defect = val.labels != neg
-    choice = choose_threshold(p_ref, is_defect, opts.target_miss_rate)
+    choice = choose_threshold(p_ref, is_defect, opts.target_miss_rate, opts.threshold_rule)
     threshold = float(choice.threshold)
 
     staged = staging_dir(out)
@@ -111,6 +115,7 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
             negative_class=negative,
             threshold=threshold,
             target_miss_rate=opts.target_miss_rate,
+            threshold_rule=opts.threshold_rule,
             reference_val_miss_rate=miss_rate(p_ref, is_defect, threshold).rate,
             backends={n: B.get_backend(n).network for n in names},
             preferred_backend=preferred,

@@ -58,6 +58,7 @@ class ModelCard(StrictModel):
     negative_class: str
     threshold: float = Field(ge=0.0, le=1.0)
     target_miss_rate: float
+    threshold_rule: str = "rate"  # model directories written before the field existed used "rate"
     reference_val_miss_rate: float
     # backend name -> network file it runs; only backends whose file is here.
     backends: dict[str, str]
