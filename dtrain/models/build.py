@@ -1,4 +1,4 @@
-"""`build_model`: a torchvision ResNet by name, any class count and input size.
+"""`build_model`: a ResNet by name (torchvision's, or dtrain's small-crop one), any class count and input size.
 
 Weights are never downloaded: torchvision's builders get `weights=None`, and
 `pretrained: PATH` reads a local file (a plain state_dict or a dtrain checkpoint). When
@@ -18,11 +18,13 @@ from torchvision import models as tvm
 
 from dtrain.errors import ConfigError
 from dtrain.models.config import ModelConfig
+from dtrain.models.small import small_resnet
 
 ARCHS: dict[str, Callable[..., nn.Module]] = {
     "resnet18": tvm.resnet18,
     "resnet34": tvm.resnet34,
     "resnet50": tvm.resnet50,
+    "small_resnet": small_resnet,  # for small crops: see dtrain/models/small.py
 }
 
 # torchvision's ResNets take a norm_layer factory called with the channel count.

@@ -8,7 +8,7 @@ from dtrain.configio import StrictModel
 
 
 class ModelConfig(StrictModel):
-    arch: Literal["resnet18", "resnet34", "resnet50"] = "resnet18"
+    arch: Literal["resnet18", "resnet34", "resnet50", "small_resnet"] = "resnet18"
     # A local weights file (state_dict or a dtrain checkpoint); never downloaded.
     pretrained: str | None = None
     # "group" swaps BatchNorm for GroupNorm: no batch statistics, so results do not
