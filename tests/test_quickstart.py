@@ -29,6 +29,15 @@ def test_quickstart_tiny(tmp_path, dtrain_cmd):
     assert (work / "train.yaml").is_file() and (work / "eval" / "evaluation.json").is_file()
     assert "report:" in proc.stdout
 
+    # What the quickstart trains leaves as a verified ONNX model (its arch exports).
+    model_dir = work / "model"
+    exported = subprocess.run([*dtrain_cmd, "export", str(work / "train" / "checkpoints" / "last.pt"), "--out",
+                               str(model_dir), "--format", "onnx"], capture_output=True, text=True, timeout=600)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    card = json.loads((model_dir / "model.json").read_text())
+    assert card["arch"] == report["config"]["model"]["arch"] and card["threshold_rule"] == "bound95"
+    assert card["verification"]["ort-fp32"]["verdict_agreement"] == 1.0
+
     # A second run reuses the data set rather than synthesising it again.
     again = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
