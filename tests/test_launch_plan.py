@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import shlex
 import subprocess
 import sys
@@ -135,3 +136,15 @@ def test_job_yaml_with_flags_on_top(tmp_path, dtrain_home):
     res = subprocess.run([sys.executable, "-m", "dtrain", "run", "--job", str(job), "--dry-run"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 3 and "did you mean 'rdzv'" in res.stderr
+
+
+def test_the_wrapper_names_the_interface_holding_each_local_address():
+    import psutil
+
+    from dtrain.launch.node import _primary_holder, interface_towards
+
+    assert interface_towards("127.0.0.1") == "lo"
+    for name, addrs in psutil.net_if_addrs().items():
+        v4 = [a.address for a in addrs if a.family == socket.AF_INET]
+        if v4:  # the primary address; a secondary one is left to psutil
+            assert _primary_holder(v4[0]) == name

@@ -14,6 +14,10 @@ from typing import Callable
 
 
 class Monitoring:
+    """Each node's agent starts when that node's wrapper first speaks (its connection is
+    up, so the agent rides on it instead of racing it for a second one; torchrun is
+    already on its way); the collector once every agent has been started."""
+
     def __init__(self, plan, runners: dict, job_dir: Path, say: Callable[[str], None]) -> None:
         self.plan = plan
         self.runners = runners
@@ -21,32 +25,33 @@ class Monitoring:
         self.say = say
         self.agents: list[tuple[str, subprocess.Popen]] = []
         self.collector = None
+        self.endpoints: dict[str, str] = {}
+        self._waiting = {node.name for node in plan.nodes if node.agent_argv}
 
-    def start(self) -> Monitoring:
-        endpoints = {}
-        logs = self.job_dir / "logs"
-        for node in self.plan.nodes:
-            if not node.agent_argv:
-                continue
-            try:
-                with open(logs / f"{node.name}.agent.log", "ab") as log:
-                    proc = self.runners[node.name].popen(
-                        node.agent_argv, env=None, cwd=node.cwd, stdin=subprocess.PIPE,
-                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                    )
-            except OSError as exc:
-                self.say(f"[dtrain] monitoring: no agent on {node.name}: {exc}")
-                continue
+    def node_up(self, name: str) -> None:
+        """Start `name`'s agent (once)."""
+        if name not in self._waiting:
+            return
+        self._waiting.discard(name)
+        node = next(n for n in self.plan.nodes if n.name == name)
+        try:
+            with open(self.job_dir / "logs" / f"{node.name}.agent.log", "ab") as log:
+                proc = self.runners[node.name].popen(
+                    node.agent_argv, env=None, cwd=node.cwd, stdin=subprocess.PIPE,
+                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                )
+        except OSError as exc:
+            self.say(f"[dtrain] monitoring: no agent on {node.name}: {exc}")
+        else:
             self.agents.append((node.name, proc))
-            endpoints[node.name] = node.agent_url
-        if endpoints:
+            self.endpoints[node.name] = node.agent_url
+        if not self._waiting and self.endpoints and self.collector is None:
             try:
                 from dtrain.monitor.collector import Collector
 
-                self.collector = Collector(self.job_dir, endpoints).start()
+                self.collector = Collector(self.job_dir, self.endpoints).start()
             except Exception as exc:  # monitoring is optional; the job is not
                 self.say(f"[dtrain] monitoring: collector not started: {exc}")
-        return self
 
     def stop(self) -> None:
         for _, proc in self.agents:

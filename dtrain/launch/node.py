@@ -9,9 +9,9 @@ TCP connection is silent, not closed), or on SIGTERM / SIGHUP / SIGINT. Nothing 
 job outlives it.
 
 Output: torchrun's own lines pass through unchanged (worker lines already carry the
-`[node:rN]` prefix from --log-line-prefix-template); once a second the wrapper adds one
-status line starting with MARK (the ages of the ranks' heartbeat files), and a last one
-with torchrun's exit code. The head strips those lines.
+`[node:rN]` prefix from --log-line-prefix-template); at its start and once a second the
+wrapper adds one status line starting with MARK (the ages of the ranks' heartbeat
+files), and a last one with torchrun's exit code. The head strips those lines.
 """
 
 from __future__ import annotations
@@ -36,17 +36,40 @@ _PR_SET_CHILD_SUBREAPER = 36
 
 def interface_towards(addr: str) -> str | None:
     """The network interface this host uses to reach `addr` (for GLOO/NCCL_SOCKET_IFNAME)."""
-    import psutil
-
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.connect((addr, 9))  # UDP connect sends nothing; it only picks the route
             local_ip = s.getsockname()[0]
     except OSError:
         return None
+    name = _primary_holder(local_ip)
+    if name:
+        return name
+    import psutil  # secondary addresses (aliases): psutil lists them all
+
     for name, addrs in psutil.net_if_addrs().items():
         if any(a.address == local_ip for a in addrs):
             return name
+    return None
+
+
+def _primary_holder(ip: str) -> str | None:
+    """The interface whose (primary) IPv4 address is `ip`, asked with SIOCGIFADDR: no
+    psutil import on the way to torchrun."""
+    import fcntl
+    import struct
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for _, name in socket.if_nameindex():
+                try:
+                    req = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+                except OSError:
+                    continue  # no IPv4 address on it
+                if socket.inet_ntoa(req[20:24]) == ip:
+                    return name
+    except OSError:
+        pass
     return None
 
 
@@ -101,6 +124,7 @@ class NodeWrapper:
             self.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             env=self.env, start_new_session=True,
         )
+        self.mark({"hb": {}})  # at once: the head learns this node is up (and starts its agent)
         pump = threading.Thread(target=self._pump, daemon=True)
         pump.start()
         threading.Thread(target=self._watch_stdin, daemon=True).start()

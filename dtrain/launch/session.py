@@ -111,15 +111,14 @@ class JobSession:
         logs.mkdir(parents=True, exist_ok=True)
         self.combined = open(self.job_dir / "output.log", "a", buffering=1, encoding="utf-8")
         self.watchdog = Watchdog(self.plan.hang_timeout, self.clock(), [n.name for n in self.plan.nodes])
-        monitoring = Monitoring(self.plan, self.runners, self.job_dir, self._say)
+        self.monitoring = Monitoring(self.plan, self.runners, self.job_dir, self._say)
         try:
             for launch in self.plan.nodes:
                 self._start(launch, logs)
-            monitoring.start()  # after torchrun is on its way: never on the launch's path
             return self._loop()
         finally:
             self._kill_all()
-            monitoring.stop()
+            self.monitoring.stop()
             for node in self.nodes.values():
                 node.log.close()
             self.combined.close()
@@ -263,6 +262,8 @@ class JobSession:
             if payload == SYNC_MISSING:
                 node.sync_missing = True
                 return
+            if "hb" in payload:
+                self.monitoring.node_up(name)  # its wrapper runs: never on the launch's path
             self._marker(node, payload, now)
             return
         m = _PREFIXED.match(line)
