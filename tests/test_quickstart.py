@@ -5,13 +5,14 @@ shape and the world size, not the accuracy (that is the full recipe's job)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 DESIGN_KEYS = {"classes", "accuracy", "miss_rate", "miss_rate_upper95", "false_alarm_rate", "threshold",
                "per_class", "confusion_matrix", "n_images"}
 
 
-def test_quickstart_tiny(tmp_path, dtrain_cmd):
+def test_quickstart_tiny(tmp_path, dtrain_cmd, dtrain_home):
     work = tmp_path / "qs"
     argv = [*dtrain_cmd, "quickstart", "--workdir", str(work), "--images", "300", "--epochs", "1", "--image-size", "32", "--nproc", "2"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
@@ -28,6 +29,17 @@ def test_quickstart_tiny(tmp_path, dtrain_cmd):
     assert "data:image/png;base64," in page and "DDP world size" in page
     assert (work / "train.yaml").is_file() and (work / "eval" / "evaluation.json").is_file()
     assert "report:" in proc.stdout
+
+    # The local run was watched like a cluster job: both ranks' steps are stored, and
+    # `dtrain report` reads them back.
+    job = re.search(r"monitoring job (\S+):", proc.stderr)
+    assert job, proc.stderr[-2000:]
+    rep = subprocess.run([*dtrain_cmd, "report", job.group(1), "--out", str(tmp_path / "jobreport")],
+                         capture_output=True, text=True, timeout=300)
+    assert rep.returncode == 0, rep.stderr[-2000:]
+    summary = json.loads((tmp_path / "jobreport" / "summary.json").read_text())
+    assert set(summary["ranks"]) == {"0", "1"} and all(r["steps"] > 0 for r in summary["ranks"].values())
+    assert set(summary["nodes"]) == {"local"} and summary["job"]["state"] == "succeeded"
 
     # What the quickstart trains leaves as a verified ONNX model (its arch exports).
     model_dir = work / "model"

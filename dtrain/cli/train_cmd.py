@@ -1,4 +1,4 @@
-"""`dtrain train CONFIG [--nproc N] [--set k=v ...] [--resume]`."""
+"""`dtrain train CONFIG [--nproc N] [--set k=v ...] [--resume] [--no-monitor]`."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ def train(
     nproc: int = typer.Option(None, "--nproc", min=1, help="Local ranks. Default: one per GPU, else 2 (capped by the cores)."),
     overrides: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a config key, e.g. --set optim.lr=0.001"),
     resume: bool = typer.Option(False, "--resume", help="Continue from OUTPUT/checkpoints/last.pt."),
+    monitor: bool = typer.Option(True, "--monitor/--no-monitor", help="Run the node agent: `dtrain top` / `dtrain report` for this run."),
 ) -> None:
     """Train with DDP on this machine's devices (the same trainer torchrun runs)."""
     from dtrain.configio import load_config
@@ -25,4 +26,4 @@ def train(
     load_config(TrainConfig, config, overrides)
     from dtrain.train.launch import default_nproc, launch_local
 
-    launch_local(str(config) if config else None, list(overrides), resume, nproc or default_nproc())
+    launch_local(str(config) if config else None, list(overrides), resume, nproc or default_nproc(), monitor=monitor)

@@ -13,8 +13,11 @@ DEFAULT_PORT = 9464
 
 def agent_argv(job_id: str, node: str, bind: str, port: int = DEFAULT_PORT, python: str = "python3",
                *, interval_s: float = 1.0) -> list[str]:  # fmt: skip
+    # Niced: the agent must never take cycles from the job it watches. Its own start
+    # (~0.4 CPU-s of imports) coincides with torchrun starting the ranks; at full
+    # priority it delayed the first step by 1-2 s where nodes share few cores.
     return [
-        python, "-m", "dtrain.monitor.agent",
+        "nice", "-n", "10", python, "-m", "dtrain.monitor.agent",
         "--job", job_id, "--node", node, "--bind", bind, "--port", str(port),
         "--interval", str(interval_s), "--exit-on-stdin-close",
     ]  # fmt: skip

@@ -8,9 +8,13 @@ torchrun would give it, plus dtrain's own variables (DESIGN.md's environment con
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import sys
-import uuid
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 from dtrain.errors import JobFailed
 
@@ -37,12 +41,59 @@ def worker_argv(config: str | None, overrides: list[str], resume: bool) -> list[
     return argv
 
 
-def launch_local(config: str | None, overrides: list[str], resume: bool, nproc: int, *, max_restarts: int = 0) -> None:
+@contextlib.contextmanager
+def watched(job_id: str, nproc: int, enabled: bool) -> Iterator[dict[str, str]]:
+    """The node agent and collector for a local run (as `dtrain run` starts on every node):
+    metrics go to `$DTRAIN_HOME/jobs/<job_id>/`, where `dtrain top / report / dashboard`
+    find them. Yields the environment the ranks need; best effort, like on a cluster."""
+    if not enabled:
+        yield {}
+        return
+    from dtrain.monitor.local import monitored
+    from dtrain.paths import job_dir
+
+    directory = job_dir(job_id)
+    directory.mkdir(parents=True, exist_ok=True)
+    meta = {"id": job_id, "name": "dtrain train (local)", "nodes": ["local"], "world_size": nproc,
+            "state": "running", "started": time.time()}  # fmt: skip
+    _write_json(directory / "job.json", meta)
+    say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    say(f"[dtrain] monitoring job {job_id}: `dtrain top {job_id}` live, `dtrain report {job_id}` afterwards")
+    state = "failed"
+    try:
+        with monitored(directory, job_id, say=say) as env:
+            yield env
+        state = "succeeded"
+    except KeyboardInterrupt:
+        state = "stopped"
+        raise
+    finally:
+        _write_json(directory / "job.json", {**meta, "state": state, "ended": time.time()})
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+def launch_local(config: str | None, overrides: list[str], resume: bool, nproc: int, *, max_restarts: int = 0,
+                 monitor: bool = True) -> None:  # fmt: skip
     """Run N ranks on this machine; raises JobFailed naming the first rank that failed."""
+    from dtrain.jobs.registry import new_job_id
+
+    # Under `dtrain run` the job has an id and its node already has an agent.
+    own_job = "DTRAIN_JOB_ID" not in os.environ
+    run_id = os.environ.get("DTRAIN_JOB_ID") or new_job_id(time.time())
+    with watched(run_id, nproc, monitor and own_job) as env:
+        os.environ.update(env)
+        _elastic(config, overrides, resume, nproc, run_id, max_restarts)
+
+
+def _elastic(config: str | None, overrides: list[str], resume: bool, nproc: int, run_id: str, max_restarts: int) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    run_id = os.environ.get("DTRAIN_JOB_ID") or f"train-{uuid.uuid4().hex[:8]}"
     # Variables the workers inherit; a dtrain multi-node launch sets them itself.
     for key, value in {
         "DTRAIN_JOB_ID": run_id,
