@@ -83,10 +83,10 @@ def until_first_step(procs: list[subprocess.Popen], watch: subprocess.Popen, t0:
     return elapsed
 
 
-def ours(yaml: Path, home: str, preflight: bool, stamps: Stamps) -> tuple[float, float]:
+def ours(yaml: Path, home: str, preflight: bool, stamps: Stamps, extra: list[str] = ()) -> tuple[float, float]:
     """(seconds to the first step, seconds until torchrun ran on every node)"""
     argv = [sys.executable, "-m", "dtrain", "run", str(yaml), "--nproc-per-node", "1",
-            "--port", str(free_port()), *([] if preflight else ["--no-preflight"]),
+            "--port", str(free_port()), *([] if preflight else ["--no-preflight"]), *extra,
             "--", "python", SCRIPT, "--epochs", "1"]
     stamps.reset()
     t0 = time.time()
@@ -145,6 +145,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--parts-only", action="store_true", help="only the overhead parts (quick)")
+    parser.add_argument("--dtrain-args", default="", help="extra `dtrain run` arguments, e.g. --no-monitor")
     args = parser.parse_args()
     from tests import netns
 
@@ -165,8 +166,8 @@ def main() -> int:
         base, mine, checked, checks, loads = [], [], [], [], []
         for i in range(args.rounds):
             base.append(by_hand(cluster, cluster.hosts, stamps))
-            mine.append(ours(yaml, home, False, stamps))
-            checked.append(ours(yaml, home, True, stamps))
+            mine.append(ours(yaml, home, False, stamps, args.dtrain_args.split()))
+            checked.append(ours(yaml, home, True, stamps, args.dtrain_args.split()))
             checks.append(check(yaml))
             loads.append(os.getloadavg()[0])
             print(f"round {i + 1}: first step / torchrun started on both: by hand {base[-1][0]:.2f} / "

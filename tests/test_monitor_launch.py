@@ -14,13 +14,15 @@ from dtrain.monitor.store import Store
 
 pytestmark = pytest.mark.netns
 
-# A rank of an ordinary (non-DDP) job: 2.5 s of steps, global rank 1 five times slower.
+# A rank of an ordinary (non-DDP) job: 6 s of steps, global rank 1 five times slower.
+# (Agents start once the ranks run, ~1-2 s after their first heartbeat: the steps must
+# outlast that, as any real training does.)
 RANK_SCRIPT = """
 import os, time
 from dtrain.monitor.report import report_step
 rank = int(os.environ["RANK"])
 sleep = 0.25 if rank == 1 else 0.05
-end = time.monotonic() + 2.5
+end = time.monotonic() + 6.0
 i = 0
 while time.monotonic() < end:
     t0 = time.perf_counter()

@@ -34,6 +34,9 @@ from dtrain.launch.summary import NodeEnd, RootCause, root_cause
 from dtrain.launch.watchdog import Hang, Watchdog
 
 _PREFIXED = re.compile(r"^\[(?P<node>[^\]:]+):r(?P<rank>\d+)\] ?(?P<text>.*)$", re.DOTALL)
+# Seconds after a node comes up when its monitor agent starts even if no rank has
+# reported yet (scripts that neither print nor call report_step early).
+AGENT_AFTER_S = 15.0
 _RESTART = re.compile(r"Restarting worker group|\[default\] Rendezvous complete|rendezvous round", re.I)
 
 
@@ -67,6 +70,7 @@ class _Node:
         self.sync_missing = False  # its launch found no code: copy, then launch again
         self.copy: threading.Thread | None = None
         self.copy_error: str | None = None
+        self.up_at: float | None = None  # when its wrapper first reported
 
 
 class JobSession:
@@ -263,12 +267,18 @@ class JobSession:
                 node.sync_missing = True
                 return
             if "hb" in payload:
-                self.monitoring.node_up(name)  # its wrapper runs: never on the launch's path
+                node.up_at = node.up_at if node.up_at is not None else now
+                # The agent waits until the ranks run (a heartbeat), or AGENT_AFTER_S for
+                # ranks that never beat: started with them, its ssh session (a login
+                # shell) and imports took 1-2 s from the ranks' start on shared cores.
+                if payload["hb"] or now - node.up_at >= AGENT_AFTER_S:
+                    self.monitoring.node_up(name)
             self._marker(node, payload, now)
             return
         m = _PREFIXED.match(line)
         if m and m.group("node") == name:
             rank, text, shown = int(m.group("rank")), m.group("text"), line
+            self.monitoring.node_up(name)  # a rank speaks: past its start-up
             if self.first_output_at is None:
                 self.first_output_at = now
         else:
