@@ -60,6 +60,7 @@ def _export(checkpoint, data, out, target):
     return export(ExportOptions(
         checkpoint=str(checkpoint), out=str(out), format="onnx", quantize="int8", data=str(data),
         target_miss_rate=target, measure_seconds=0.2,
+        threshold_rule="rate",  # the rule the targets above were derived with
     ))
 
 
@@ -85,7 +86,7 @@ def test_int8_export_that_breaks_target_is_refused(int8_case, trained_checkpoint
     assert broken is not None, "int8 kept every target: no refusal case on this model"
     out = tmp_path / "m"
     argv = dtrain_cmd + ["export", str(trained_checkpoint), "--out", str(out), "--format", "onnx", "--quantize", "int8",
-                         "--data", str(synth_data), "--target-miss-rate", str(broken)]
+                         "--data", str(synth_data), "--target-miss-rate", str(broken), "--threshold-rule", "rate"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0
     assert "refusing to export" in proc.stderr and "ort-int8" in proc.stderr and "above the target" in proc.stderr
