@@ -47,32 +47,27 @@ def test_lookup_by_prefix_and_name(dtrain_home):
         reg.get("nope")
 
 
-def test_dead_supervisor_marked_failed_on_read(dtrain_home):
-    reg = JobRegistry()
-    rec = reg.create("orphan", ["h1"], 1)
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    reg.set_supervisor(rec.id, proc.pid)
-    reg.mark_running(rec.id)
-    proc.wait()
-    got = reg.get(rec.id)
-    assert got.state is JobState.FAILED and got.reason == "supervisor died"
-    assert reg.list()[0].state is JobState.FAILED
-
-
-def test_unreaped_supervisor_counts_as_dead(dtrain_home):
-    # In a container whose PID 1 never reaps orphans, a killed supervisor stays a zombie.
+@pytest.mark.parametrize("reaped", [True, False], ids=["reaped", "zombie"])
+def test_dead_supervisor_marked_failed_on_read(dtrain_home, reaped):
+    # Not reaped: in a container whose PID 1 never reaps orphans, a killed supervisor
+    # stays a zombie, which still has a start time.
     import signal
     import time
 
     reg = JobRegistry()
-    rec = reg.create("zombie", ["h1"], 1)
+    rec = reg.create("orphan", ["h1"], 1)
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     reg.set_supervisor(rec.id, proc.pid)
     reg.mark_running(rec.id)
     assert reg.get(rec.id).state is JobState.RUNNING
     proc.send_signal(signal.SIGKILL)
-    time.sleep(0.5)  # dead but not waited for: a zombie
-    assert reg.get(rec.id).state is JobState.FAILED
+    if reaped:
+        proc.wait()
+    else:
+        time.sleep(0.5)  # dead, not waited for
+    got = reg.get(rec.id)
+    assert got.state is JobState.FAILED and got.reason == "supervisor died"
+    assert reg.list()[0].state is JobState.FAILED
     proc.wait()
 
 
@@ -87,3 +82,15 @@ def test_live_supervisor_stays_running(dtrain_home):
     # A reused pid (same number, different start time) is not our supervisor.
     reg.update(rec.id, supervisor_started=1.0)
     assert reg.get(rec.id).state is JobState.FAILED
+
+
+def test_start_time_without_procfs_comes_from_psutil(monkeypatch, tmp_path):
+    # A head without /proc (a macOS laptop) must not take every live process for dead.
+    import os
+
+    from dtrain.jobs import registry
+
+    with_proc = registry.process_start_time(os.getpid())
+    monkeypatch.setattr(registry, "PROC", str(tmp_path / "no-procfs"))
+    without = registry.process_start_time(os.getpid())
+    assert with_proc is not None and without is not None and abs(with_proc - without) < 1.0

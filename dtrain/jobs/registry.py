@@ -79,16 +79,21 @@ def process_start_time(pid: int) -> float | None:
         return None
 
 
+PROC = "/proc"
+
+
 def _proc_start_time(pid: int) -> float | None:
     """psutil's create_time read straight from /proc (boot time + start ticks), without
     importing psutil on the launch path: -1 for a zombie or no such process, None where
     /proc cannot tell (then psutil answers)."""
     import os
 
+    if not os.path.isdir(f"{PROC}/self"):
+        return None  # no procfs (macOS): psutil answers
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
+        with open(f"{PROC}/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
-        with open("/proc/stat", "rb") as f:
+        with open(f"{PROC}/stat", "rb") as f:
             btime = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
         if fields[0] == b"Z":
             return -1.0
