@@ -28,5 +28,13 @@ def job_dir(job_id: str) -> Path:
     return jobs_root() / job_id
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Readers (`dtrain top`, another `dtrain status`) see the old file or the new one,
+    never half of it."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def registry_path() -> Path:
     return dtrain_home() / "jobs.sqlite"

@@ -14,9 +14,9 @@ from typing import Callable
 
 
 class Monitoring:
-    """Each node's agent starts when that node's wrapper first speaks (its connection is
-    up, so the agent rides on it instead of racing it for a second one; torchrun is
-    already on its way); the collector once every agent has been started."""
+    """Each node's agent starts when the session says that node's ranks run (see
+    session.AGENT_AFTER_S): its connection is up, so the agent rides on it, and it no
+    longer competes with the ranks' start-up; the collector once every agent started."""
 
     def __init__(self, plan, runners: dict, job_dir: Path, say: Callable[[str], None]) -> None:
         self.plan = plan
@@ -28,7 +28,7 @@ class Monitoring:
         self.endpoints: dict[str, str] = {}
         self._waiting = {node.name for node in plan.nodes if node.agent_argv}
 
-    def node_up(self, name: str) -> None:
+    def start_agent(self, name: str) -> None:
         """Start `name`'s agent (once)."""
         if name not in self._waiting:
             return

@@ -267,18 +267,19 @@ class JobSession:
                 node.sync_missing = True
                 return
             if "hb" in payload:
-                node.up_at = node.up_at if node.up_at is not None else now
+                if node.up_at is None:
+                    node.up_at = now
                 # The agent waits until the ranks run (a heartbeat), or AGENT_AFTER_S for
                 # ranks that never beat: started with them, its ssh session (a login
                 # shell) and imports took 1-2 s from the ranks' start on shared cores.
                 if payload["hb"] or now - node.up_at >= AGENT_AFTER_S:
-                    self.monitoring.node_up(name)
+                    self.monitoring.start_agent(name)
             self._marker(node, payload, now)
             return
         m = _PREFIXED.match(line)
         if m and m.group("node") == name:
             rank, text, shown = int(m.group("rank")), m.group("text"), line
-            self.monitoring.node_up(name)  # a rank speaks: past its start-up
+            self.monitoring.start_agent(name)  # a rank speaks: past its start-up
             if self.first_output_at is None:
                 self.first_output_at = now
         else:

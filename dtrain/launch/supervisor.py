@@ -20,7 +20,7 @@ from typing import TextIO
 from dtrain.jobs.registry import JobRegistry, JobState
 from dtrain.launch.plan import LaunchPlan
 from dtrain.launch.session import JobSession, Outcome
-from dtrain.paths import job_dir
+from dtrain.paths import job_dir, write_text_atomic
 
 JOB_FILE = "job.json"
 
@@ -28,11 +28,9 @@ JOB_FILE = "job.json"
 def write_job_file(directory: Path, plan: LaunchPlan, cluster, job) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / JOB_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(
+    write_text_atomic(path, json.dumps(
         {"plan": plan.to_json(), "cluster": cluster.model_dump(), "job": job.model_dump()}, indent=2
     ))
-    tmp.replace(path)
     return path
 
 

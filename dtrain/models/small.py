@@ -59,7 +59,7 @@ class SmallResNet(nn.Module):
         return self.fc(self.pool(x).flatten(1))
 
 
-def small_resnet(*, weights=None, num_classes: int, norm_layer: Callable[[int], nn.Module]) -> nn.Module:
-    """Builder with torchvision's signature, so it sits in the same ARCHS table."""
-    assert weights is None  # never downloaded; `pretrained: PATH` loads local weights
+def small_resnet(*, weights: None = None, num_classes: int, norm_layer: Callable[[int], nn.Module]) -> nn.Module:
+    """Builder with torchvision's signature, so it sits in the same ARCHS table (`weights`
+    is always None there: nothing is downloaded; `pretrained: PATH` loads local weights)."""
     return SmallResNet(num_classes, norm_layer=norm_layer)

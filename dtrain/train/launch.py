@@ -14,7 +14,6 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 from dtrain.errors import JobFailed
 
@@ -50,13 +49,13 @@ def watched(job_id: str, nproc: int, enabled: bool) -> Iterator[dict[str, str]]:
         yield {}
         return
     from dtrain.monitor.local import monitored
-    from dtrain.paths import job_dir
+    from dtrain.paths import job_dir, write_text_atomic
 
     directory = job_dir(job_id)
     directory.mkdir(parents=True, exist_ok=True)
     meta = {"id": job_id, "name": "dtrain train (local)", "nodes": ["local"], "world_size": nproc,
             "state": "running", "started": time.time()}  # fmt: skip
-    _write_json(directory / "job.json", meta)
+    write_text_atomic(directory / "job.json", json.dumps(meta, indent=1))
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     say(f"[dtrain] monitoring job {job_id}: `dtrain top {job_id}` live, `dtrain report {job_id}` afterwards")
     state = "failed"
@@ -68,13 +67,7 @@ def watched(job_id: str, nproc: int, enabled: bool) -> Iterator[dict[str, str]]:
         state = "stopped"
         raise
     finally:
-        _write_json(directory / "job.json", {**meta, "state": state, "ended": time.time()})
-
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
+        write_text_atomic(directory / "job.json", json.dumps({**meta, "state": state, "ended": time.time()}, indent=1))
 
 
 def launch_local(config: str | None, overrides: list[str], resume: bool, nproc: int, *, max_restarts: int = 0,
