@@ -134,10 +134,10 @@ def test_kill_on_one_host_stops_the_whole_job(netns_cluster, dtrain_home):
     assert status["state"] == "failed" and status["nodes"] == ["h1", "h2"]
 
 
-# One rerun: after a node's workers are killed, the survivor's restarted rank 0 can be
-# slower to publish its gloo address than the dead node's fresh rank 1 is to read it, and
-# rank 1 then dials the previous round's (closed) listener. That race lives in torch's
-# elastic agent store, not in dtrain; seen once in a heavily loaded run.
+# After a node's workers are killed, a restarted rank could read the previous round's gloo
+# address of a peer from torch's agent store and dial a closed listener; dist.setup now
+# keys each restart round's rendezvous apart (_incarnation_store). The rerun stays as a
+# guard against other load-induced timeouts of this long test.
 @pytest.mark.flaky(reruns=1)
 def test_elastic_restart_resumes_from_checkpoint(netns_cluster, dtrain_home, synth_data, tmp_path):
     yaml = netns_cluster.cluster_yaml(2)

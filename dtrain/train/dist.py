@@ -95,8 +95,28 @@ def setup(device: str = "auto", timeout_s: float = 600.0) -> DistContext:
             timeout=timedelta(seconds=timeout_s),
             # Binding the device lets NCCL set up its communicator eagerly.
             device_id=dev if dev.type == "cuda" else None,
+            **_incarnation_store(rank, world, timeout_s),
         )
     return DistContext(rank, local_rank, world, local_world, dev)
+
+
+def _incarnation_store(rank: int, world: int, timeout_s: float) -> dict:
+    """Under torch's elastic agent, a store namespace of this restart round's own.
+
+    The agent hosts the store at MASTER_ADDR:MASTER_PORT for the whole run, and the
+    process group's keys (each rank's gloo address) carry no round: after a restart a
+    new rank could read the previous round's address of a peer and dial a dead
+    listener ("Connection refused" in connectFullMesh). Every restart starts every rank
+    once, so a per-rank counter in the store is the same round number on every rank.
+    Outside the elastic agent: {} (init_process_group's own env:// rendezvous).
+    """
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in env:
+        return {}
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world, is_master=False,
+                          timeout=timedelta(seconds=timeout_s))  # fmt: skip
+    round_no = store.add(f"dtrain/incarnation/rank{rank}", 1)
+    return {"store": dist.PrefixStore(f"dtrain/round{round_no}", store), "rank": rank, "world_size": world}
 
 
 def teardown() -> None:
