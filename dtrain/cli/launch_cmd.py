@@ -38,6 +38,10 @@ def register(app: typer.Typer) -> None:
         port: Optional[int] = typer.Option(None, "--port", help="Master / rendezvous port."),
         hang_timeout: Optional[float] = typer.Option(None, "--hang-timeout", help="Seconds without progress."),
         env: list[str] = typer.Option([], "--env", help="K=V for every rank (repeatable)."),
+        secret_env: list[str] = typer.Option(
+            [], "--secret-env",
+            help="NAME: pass this variable of your shell to every rank as a secret (never written to disk).",
+        ),
         name: Optional[str] = typer.Option(None, "--name", help="Job name."),
         job_file: Optional[str] = typer.Option(None, "--job", help="job.yaml with the job description."),
         no_preflight: bool = typer.Option(False, "--no-preflight", help="Skip the preflight checks."),
@@ -56,6 +60,7 @@ def register(app: typer.Typer) -> None:
         job = job_from(
             job_file, words, name=name, nproc_per_node=nproc_per_node, rdzv=rdzv, nnodes=nnodes,
             max_restarts=max_restarts, port=port, hang_timeout=hang_timeout, env=env,
+            secret_env=secret_env or None,
             tf_config=tf_config or None, sync="never" if no_sync else None,
             monitor=False if no_monitor else None,
         )

@@ -32,7 +32,8 @@ LOCAL = "local"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # user@host, host, host:port-less forms, ssh://user@host:port; no spaces, no leading "-".
-_DESTINATION = re.compile(r"^(ssh://)?([^\s@/:-][^\s@/]*@)?[A-Za-z0-9_.\[\]:%][A-Za-z0-9_.\-\[\]:%]*$")
+# The user is a portable POSIX user name: the remote side may hand it to a shell.
+_DESTINATION = re.compile(r"^(ssh://)?([A-Za-z0-9_][A-Za-z0-9_.-]*@)?[A-Za-z0-9_.\[\]:%][A-Za-z0-9_.\-\[\]:%]*$")
 
 
 class NodeDefaults(StrictModel):

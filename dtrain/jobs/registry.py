@@ -18,6 +18,7 @@ from enum import Enum
 from pathlib import Path
 
 from dtrain.errors import DtrainError
+from dtrain.paths import open_private
 
 
 class JobState(str, Enum):
@@ -148,6 +149,7 @@ class JobRegistry:
 
             path = registry_path()
         self.path = Path(path)
+        open_private(self.path, "ab").close()  # 0600; SQLite gives -wal/-shm the same mode
         self.clock = clock
         self.is_alive = is_alive
         with self._connect() as db:

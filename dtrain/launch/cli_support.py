@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import typer
 
 from dtrain.configio import load_config
 from dtrain.errors import ConfigError
+from dtrain.jobs import secrets
 
 
 def job_from(job_file: str | None, command: list[str], **flags: Any):
@@ -30,12 +32,10 @@ def job_from(job_file: str | None, command: list[str], **flags: Any):
         base["command"] = command
     if job_file is None and "command" not in base:
         raise ConfigError("no command to run", "put it after --, e.g. dtrain run -- python train.py, or use --job job.yaml")
-    if job_file is None:
-        return load_config(JobSpec, None, base=base)
-    spec = load_config(JobSpec, job_file)
-    merged = spec.model_dump()
-    if "env" in base:
-        base["env"] = {**merged["env"], **base["env"]}
+    merged = load_config(JobSpec, job_file).model_dump() if job_file is not None else {"env": {}, "secret_env": []}
+    base["env"] = {**merged["env"], **base.get("env", {})}
+    base["secret_env"] = list(dict.fromkeys(merged["secret_env"] + base.get("secret_env", [])))
+    base["env"].update(secrets.resolve(base["secret_env"], base["env"], os.environ))
     merged.update(base)
     return load_config(JobSpec, None, base=merged)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from dtrain.errors import ExitStatus, JobFailed, PreflightError
+from dtrain.jobs import secrets
 from dtrain.jobs.registry import JobRegistry, new_job_id
 from dtrain.launch.plan import LaunchPlan, build_plan, node_command, remove_sync_marker, render
 from dtrain.launch.spec import JobSpec
@@ -83,7 +84,8 @@ def start(
         for n in plan.nodes:
             argv, cwd = node_command(n)
             local[n.name] = runners[n.name].argv(argv, env=n.env, cwd=cwd)
-        out.write(render(plan, local) + "\n")
+        _, values = secrets.split({"plan": plan.to_json()}, job.secret_env)
+        out.write(secrets.mask(render(plan, local), values.values()) + "\n")
         return Started(plan.job_id, plan, 0)
 
     registry = registry or JobRegistry()
@@ -117,9 +119,10 @@ def start(
             else:
                 registry.finish(job_id, JobState.FAILED, 1, f"preparing the nodes failed: {exc}".splitlines()[0])
             raise
-        write_job_file(directory, plan, cluster, job)  # after prepare_nodes, which may change the plan
+        # After prepare_nodes, which may change the plan.
+        secret_values = write_job_file(directory, plan, cluster, job)
         if detach:
-            pid = spawn(job_id, registry)
+            pid = spawn(job_id, registry, secret_values)
             handed_over = True
             out.write(f"job {job_id} started in the background (supervisor pid {pid})\n"
                       f"  follow it: dtrain logs {job_id} -f    stop it: dtrain stop {job_id}\n")

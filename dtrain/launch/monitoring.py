@@ -12,6 +12,8 @@ import subprocess
 from pathlib import Path
 from typing import Callable
 
+from dtrain.paths import open_private
+
 
 class Monitoring:
     """Each node's agent starts when the session says that node's ranks run (see
@@ -35,7 +37,7 @@ class Monitoring:
         self._waiting.discard(name)
         node = next(n for n in self.plan.nodes if n.name == name)
         try:
-            with open(self.job_dir / "logs" / f"{node.name}.agent.log", "ab") as log:
+            with open_private(self.job_dir / "logs" / f"{node.name}.agent.log", "ab") as log:
                 proc = self.runners[node.name].popen(
                     node.agent_argv, env=None, cwd=node.cwd, stdin=subprocess.PIPE,
                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

@@ -32,6 +32,7 @@ from dtrain.launch.node import MARK
 from dtrain.launch.plan import KEEPALIVE, SYNC_MISSING, LaunchPlan, node_command, remove_sync_marker
 from dtrain.launch.summary import NodeEnd, RootCause, root_cause
 from dtrain.launch.watchdog import Hang, Watchdog
+from dtrain.paths import open_private, private_dir
 
 _PREFIXED = re.compile(r"^\[(?P<node>[^\]:]+):r(?P<rank>\d+)\] ?(?P<text>.*)$", re.DOTALL)
 # Seconds after a node comes up when its monitor agent starts even if no rank has
@@ -112,8 +113,8 @@ class JobSession:
 
     def run(self) -> Outcome:
         logs = self.job_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        self.combined = open(self.job_dir / "output.log", "a", buffering=1, encoding="utf-8")
+        private_dir(logs)
+        self.combined = open_private(self.job_dir / "output.log", "a", buffering=1)
         self.watchdog = Watchdog(self.plan.hang_timeout, self.clock(), [n.name for n in self.plan.nodes])
         self.monitoring = Monitoring(self.plan, self.runners, self.job_dir, self._say)
         try:
@@ -138,7 +139,7 @@ class JobSession:
             # the nodes in order, instead of killing the ssh clients under it.
             start_new_session=True,
         )
-        node = _Node(launch, proc, open(logs / f"{launch.name}.log", "a", buffering=1, encoding="utf-8"))
+        node = _Node(launch, proc, open_private(logs / f"{launch.name}.log", "a", buffering=1))
         self.nodes[launch.name] = node
         threading.Thread(target=self._read, args=(launch.name, proc.stdout), daemon=True).start()
 

@@ -31,6 +31,9 @@ class JobSpec(StrictModel):
     max_restarts: int = Field(0, ge=0)
     port: int = Field(29500, ge=1, le=65535)
     env: dict[str, str] = {}
+    # Names whose values are secret (besides names that look it): taken from the head's
+    # environment when not in `env`, never written in clear (dtrain.jobs.secrets).
+    secret_env: list[str] = []
     # auto: copy the working directory to nodes that do not already see it (shared storage).
     sync: Literal["auto", "never"] = "auto"
     tf_config: bool = False

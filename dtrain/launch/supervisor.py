@@ -17,28 +17,30 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
+from dtrain.jobs import secrets
 from dtrain.jobs.registry import JobRegistry, JobState
 from dtrain.launch.plan import LaunchPlan
 from dtrain.launch.session import JobSession, Outcome
-from dtrain.paths import job_dir, write_text_atomic
+from dtrain.paths import job_dir, open_private, write_text_atomic
 
 JOB_FILE = "job.json"
 
 
-def write_job_file(directory: Path, plan: LaunchPlan, cluster, job) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / JOB_FILE
-    write_text_atomic(path, json.dumps(
-        {"plan": plan.to_json(), "cluster": cluster.model_dump(), "job": job.model_dump()}, indent=2
-    ))
-    return path
+def write_job_file(directory: Path, plan: LaunchPlan, cluster, job) -> dict[str, str]:
+    """Write job.json without its secret values; returns them (see dtrain.jobs.secrets)."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    data, values = secrets.split(
+        {"plan": plan.to_json(), "cluster": cluster.model_dump(), "job": job.model_dump()}, job.secret_env
+    )
+    write_text_atomic(directory / JOB_FILE, json.dumps(data, indent=2))
+    return values
 
 
-def read_job_file(directory: Path):
+def read_job_file(directory: Path, values: dict[str, str] | None = None):
     from dtrain.cluster.spec import ClusterSpec
     from dtrain.launch.spec import JobSpec
 
-    data = json.loads((directory / JOB_FILE).read_text())
+    data = secrets.join(json.loads((directory / JOB_FILE).read_text()), values or {})
     return LaunchPlan.from_json(data["plan"]), ClusterSpec.model_validate(data["cluster"]), JobSpec.model_validate(data["job"])
 
 
@@ -59,17 +61,18 @@ def _signals_stop(session: JobSession):
 
 
 def supervise(job_id: str, *, out: TextIO, registry: JobRegistry | None = None,
-              runners: dict | None = None, plan: LaunchPlan | None = None) -> Outcome:
+              runners: dict | None = None, plan: LaunchPlan | None = None,
+              secret_values: dict[str, str] | None = None) -> Outcome:
     """Drive the job to its end. `runners` and `plan` come from the foreground `dtrain
     run` (which owns the runners' shared connections); a detached supervisor reads the
-    job file and opens - and closes - its own."""
+    job file (its secret values come in `secret_values`) and opens - and closes - its own."""
     registry = registry or JobRegistry()
     directory = job_dir(job_id)
     connections = None
     if runners is None or plan is None:
         from dtrain.launch.launcher import job_runners
 
-        plan, cluster, _ = read_job_file(directory)
+        plan, cluster, _ = read_job_file(directory, secret_values)
         runners, connections = job_runners(cluster, job_id)
     try:
         return _supervise(job_id, plan, runners, directory, out=out, registry=registry)
@@ -95,21 +98,23 @@ def _supervise(job_id: str, plan: LaunchPlan, runners: dict, directory: Path, *,
     summary = outcome.summary(job_id)
     if outcome.hang is not None:
         summary = f"job {job_id} failed: {outcome.hang.describe()}"
-    with open(directory / "output.log", "a", encoding="utf-8") as log:
+    with open_private(directory / "output.log", "a") as log:
         log.write(summary + "\n")
     registry.finish(job_id, JobState(outcome.state), outcome.exit_code, summary.splitlines()[0])
     return outcome
 
 
-def spawn(job_id: str, registry: JobRegistry) -> int:
-    """Start the detached supervisor of `job_id`; returns its pid (also recorded)."""
+def spawn(job_id: str, registry: JobRegistry, secret_values: dict[str, str]) -> int:
+    """Start the detached supervisor of `job_id`; returns its pid (also recorded). The
+    secret values the job file lacks go down a pipe, never into a file or argv."""
     directory = job_dir(job_id)
-    with open(directory / "supervisor.log", "ab") as log:
+    with open_private(directory / "supervisor.log", "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "dtrain.launch.supervisor", job_id],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, text=True,
             start_new_session=True, close_fds=True,
         )
+    secrets.send(secret_values, proc.stdin)
     registry.set_supervisor(job_id, proc.pid)
     return proc.pid
 
@@ -119,8 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m dtrain.launch.supervisor JOB_ID", file=sys.stderr)
         return 2
+    values = secrets.receive(sys.stdin)
     with open(os.devnull, "w") as devnull:
-        outcome = supervise(args[0], out=devnull)
+        outcome = supervise(args[0], out=devnull, secret_values=values)
     return outcome.exit_code
 
 

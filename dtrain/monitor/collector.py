@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from dtrain.monitor import findings as rules
 from dtrain.monitor.store import Store
+from dtrain.paths import open_private
 
 LOG_NAME = "monitor.log"
 
@@ -163,7 +164,7 @@ class Collector:
     def _log(self, t: float, message: str) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
         try:
-            with open(self.job_dir / LOG_NAME, "a") as fh:
+            with open_private(self.job_dir / LOG_NAME, "a") as fh:
                 fh.write(f"{stamp}Z {message}\n")
         except OSError:
             pass  # the log is a convenience; the store and on_finding carry the same

@@ -13,6 +13,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Iterable
 
+from dtrain.paths import open_private
+
 FILENAME = "metrics.sqlite"
 
 NODE_COLS = (
@@ -50,6 +52,7 @@ class Store:
             self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10, check_same_thread=False)
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            open_private(self.path, "ab").close()  # 0600; SQLite gives -wal/-shm the same mode
             self.db = sqlite3.connect(self.path, timeout=10, check_same_thread=False)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
