@@ -4,7 +4,9 @@ one-line errors for a missing bucket and wrong credentials."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -17,6 +19,7 @@ from dtrain.data.config import DataConfig
 from dtrain.data.shard_format import MANIFEST
 from dtrain.data.shard_push import KILL_AFTER_ENV, parse_size, plan_shards, push
 from dtrain.data.shard_verify import data_fingerprint, info, load_manifest, verify
+from dtrain.data.shards import open_shard_split
 from dtrain.data.storage import open_store
 from dtrain.errors import DtrainError
 
@@ -58,7 +61,7 @@ def test_push_local_verify_info_and_webdataset_reads_it(synth_data, tmp_path):
 
     paths = sorted(str(p) for p in (dest / "train").glob("shard-*.tar"))
     seen = 0
-    rel = __import__("json").loads((dest / "train" / "paths.json").read_text())
+    rel = json.loads((dest / manifest.splits["train"].paths.name).read_text())
     for sample in wds.WebDataset(paths, shardshuffle=False, empty_check=False):
         i = int(sample["__key__"])
         assert sample["png"] == (synth_data / rel[i]).read_bytes()
@@ -133,5 +136,62 @@ def test_fingerprint_differs_for_different_data(synth_data, tmp_path):
     # a re-push of the same source is byte-identical: same fingerprint
     push(DataConfig(root=str(synth_data)), open_store(str(tmp_path / "c")), parse_size("1MB"), splits=["train"])
     assert data_fingerprint(str(tmp_path / "c")) == data_fingerprint(str(a))
-    with tarfile.open(a / "train" / "shard-000000.tar") as tar:
+    with tarfile.open(next((a / "train").glob("shard-000000-*.tar"))) as tar:
         assert all(m.mtime == 0 for m in tar.getmembers())
+
+
+def _changed_copy(src: Path, dest: Path) -> Path:
+    """`src` with a few train images changed (bytes appended: same pixels, new content)."""
+    shutil.copytree(src, dest)
+    for path in sorted((dest / "train").rglob("*.png"))[::40]:
+        with open(path, "ab") as fh:
+            fh.write(b"changed")
+    return dest
+
+
+@pytest.mark.slow  # ~10 CLI runs against moto
+def test_interrupted_repush_of_changed_data_keeps_the_old_version(synth_data, s3_server, tmp_path, monkeypatch):
+    env = s3_server.env()
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    dest = f"s3://{s3_server.new_bucket()}/defects"
+    first = run_cli(["data", "push", str(synth_data), dest, "--shard-size", SHARD, "--split", "train"], env=env)
+    assert first.returncode == 0, first.stderr
+    old = run_cli(["data", "info", dest, "--json"], env=env)
+    changed = _changed_copy(synth_data, tmp_path / "changed")
+
+    staging = tmp_path / "tmp"
+    staging.mkdir()
+    env["TMPDIR"] = str(staging)
+    killed = run_cli(["data", "push", str(changed), dest, "--shard-size", SHARD, "--split", "train"], env={**env, KILL_AFTER_ENV: "2"})
+    assert killed.returncode == -9, killed.stderr  # really killed mid-push, new shards already written
+    assert len(list(staging.iterdir())) == 1  # what a SIGKILL leaves; the next push removes it
+    check = run_cli(["data", "verify", dest], env=env)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert run_cli(["data", "info", dest, "--json"], env=env).stdout == old.stdout  # same version, same fingerprint
+
+    done = run_cli(["data", "push", str(changed), dest, "--shard-size", SHARD, "--split", "train"], env=env)
+    assert done.returncode == 0, done.stderr
+    assert "earlier versions remain" in done.stdout
+    assert list(staging.iterdir()) == []
+    assert run_cli(["data", "verify", dest], env=env).returncode == 0
+    new_info = run_cli(["data", "info", dest, "--json"], env=env).stdout
+    assert new_info != old.stdout
+    store = open_store(dest)
+    manifest = load_manifest(store)
+    rel = json.loads(store.read_bytes(manifest.splits["train"].paths.name))
+    ds = open_shard_split(DataConfig(root=dest, cache_dir=str(tmp_path / "cache")), "train", train=False)
+    i = next(i for i, r in enumerate(rel) if (changed / r).read_bytes().endswith(b"changed"))
+    assert ds.fetch([i])[0] == (changed / rel[i]).read_bytes()  # readers get the new version
+
+    # gc removes what the manifest no longer names, and nothing it names.
+    listed = set(store.list_sizes(""))
+    removed = run_cli(["data", "gc", dest], env=env)
+    assert removed.returncode == 0, removed.stderr
+    left = set(store.list_sizes(""))
+    gone = {line.split(" ", 1)[1] for line in removed.stdout.splitlines() if line.startswith("removed ")}
+    assert gone and gone == listed - left
+    named = {s.name for sp in manifest.splits.values() for s in sp.shards}
+    assert {n for n in left if n.endswith(".tar")} == named
+    assert run_cli(["data", "verify", dest], env=env).returncode == 0
+

@@ -1,16 +1,22 @@
 """The on-storage layout of a pushed data set (see DESIGN.md, "Storage").
 
-    DEST/dtrain-shards.json           manifest: classes, splits, shards + sha256 (written last)
-    DEST/<split>/shard-000000.tar     WebDataset shards: <key>.<ext> (original bytes) + <key>.cls
-    DEST/<split>/shard-000000.tar.sha256   push-resume marker, written after its shard
-    DEST/<split>/index.npy            int64 [N, 4]: shard, byte offset, byte size, label
-    DEST/<split>/paths.json           the source path of each sample (relative to SRC)
-    DEST/<split>/shards.wds.json      wids-style shard list, for other WebDataset readers
+    DEST/dtrain-shards.json                 manifest: classes, splits, every object + sha256 (written last)
+    DEST/<split>/shard-000000-<sha>.tar     WebDataset shards: <key>.<ext> (original bytes) + <key>.cls
+    DEST/<split>/shard-000000-<sha>.tar.sha256   push-resume marker, written after its shard
+    DEST/<split>/index-<sha>.npy            int64 [N, 4]: shard, byte offset, byte size, label
+    DEST/<split>/paths-<sha>.json           the source path of each sample (relative to SRC)
+    DEST/<split>/shards.wds.json            wids-style shard list of the current version
 
 Sample ids are global within a split and follow the source listing order, so sample i of
 the shards is sample i of the local folder: the same sampler gives the same order.
-The manifest is the commit point: a push that died midway leaves no manifest, and
-readers refuse the address until a re-run completes it.
+
+Versions: every shard and index object is named by its content (<sha>: the first 16 hex
+digits of its sha256), so a push never overwrites an object of another version; it
+writes the new version's objects beside the old ones and then replaces the manifest in
+one atomic write, the commit point. Until then readers, `verify` and fingerprints see
+the old version, whole; a push that died midway leaves the manifest as it was (none for
+a first push: readers refuse the address until a re-run completes it). Objects no
+manifest names any more are removed by `dtrain data gc` (`garbage`).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import tarfile
 from typing import BinaryIO
 
@@ -70,8 +77,31 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def shard_name(split: str, number: int) -> str:
-    return f"{split}/shard-{number:06d}.tar"
+NAME_DIGITS = 16  # of the sha256 in a content-named object: enough to never collide
+WIDS_LIST = "shards.wds.json"
+# Objects a push writes below a split; anything else under DEST is never touched by gc.
+_OURS = re.compile(r"^[^/]+/(shard-\d{6}(-[0-9a-f]+)?\.tar(\.sha256)?|index(-[0-9a-f]+)?\.npy|paths(-[0-9a-f]+)?\.json)"
+                   r"(\.tmp-\d+)?$")
+
+
+def shard_name(split: str, number: int, sha256: str) -> str:
+    return f"{split}/shard-{number:06d}-{sha256[:NAME_DIGITS]}.tar"
+
+
+def sidecar_name(split: str, stem: str, ext: str, data: bytes) -> str:
+    """`<split>/<stem>-<sha>.<ext>`: named by content, like the shards."""
+    return f"{split}/{stem}-{sha256_hex(data)[:NAME_DIGITS]}.{ext}"
+
+
+def garbage(names: dict[str, int], manifest: Manifest) -> list[str]:
+    """The objects among `names` (a listing of DEST) that a push wrote and `manifest` no
+    longer needs: other versions' shards, markers and indexes, and temporary files."""
+    keep = set()
+    for split in manifest.splits.values():
+        keep.update(s.name for s in split.shards)
+        keep.update(s.name + ".sha256" for s in split.shards)
+        keep.update((split.index.name, split.paths.name))
+    return sorted(n for n in names if n not in keep and _OURS.match(n))
 
 
 def sample_key(sample_id: int) -> str:

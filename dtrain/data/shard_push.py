@@ -5,6 +5,10 @@ written byte-identically on every run, so a re-run after an interruption recompu
 shard's sha256 locally and uploads only the shards whose `.sha256` marker is missing or
 different on the store. The marker is written after its shard; the manifest after
 everything: a store never claims a shard or a data set it does not fully hold.
+
+Every object is named by its content (shard_format), so re-pushing a changed data set
+writes its new shards and indexes beside the current version's, which stays whole and
+readable until the new manifest replaces the old one in one write.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -26,14 +31,17 @@ from dtrain.data.config import DataConfig
 from dtrain.data.shard_format import (
     MANIFEST,
     TAR_OVERHEAD,
+    WIDS_LIST,
     FileInfo,
     Manifest,
     ShardInfo,
     ShardWriter,
     SplitInfo,
     encode_index,
+    garbage,
     sha256_hex,
     shard_name,
+    sidecar_name,
     wids_shardlist,
 )
 from dtrain.data.storage import Store
@@ -43,6 +51,9 @@ from dtrain.errors import DtrainError
 KILL_AFTER_ENV = "DTRAIN_FAULT_PUSH_KILL_AFTER"
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
+# Shards are built in TMPDIR/dtrain-push-<pid>-*/ (removed on any exit the process sees;
+# a push that was SIGKILLed leaves one, which the next push removes).
+STAGING_PREFIX = "dtrain-push-"
 
 
 @dataclass
@@ -54,6 +65,7 @@ class PushReport:
     shards_skipped: list[str] = field(default_factory=list)
     bytes_uploaded: int = 0
     seconds: float = 0.0
+    superseded: int = 0  # objects of earlier versions left on the store (`dtrain data gc`)
 
     @property
     def bytes_per_s(self) -> float:
@@ -127,7 +139,9 @@ def push(
     total = sum(sum(sizes) for _, sizes in plans.values())
     done = 0
     kill_after = int(os.environ.get(KILL_AFTER_ENV, "0") or 0)
-    with tempfile.TemporaryDirectory(prefix="dtrain-push-") as staging, ThreadPoolExecutor(1) as uploader:
+    _remove_stale_staging()
+    with tempfile.TemporaryDirectory(prefix=f"{STAGING_PREFIX}{os.getpid()}-") as staging, \
+            ThreadPoolExecutor(1) as uploader:
         pending: Future | None = None
         for split, listing in listings.items():
             ranges, sizes = plans[split]
@@ -135,7 +149,6 @@ def push(
             present = store.list_sizes(split)  # one listing instead of a request per shard
             shards: list[ShardInfo] = []
             for number, (lo, hi) in enumerate(ranges):
-                name = shard_name(split, number)
                 local = os.path.join(staging, f"{split}-{number}.tar")
                 if pending is not None:  # at most one upload in flight while we build
                     pending.result()
@@ -147,6 +160,7 @@ def push(
                 for j, (offset, size) in enumerate(writer.rows):
                     rows[lo + j] = (number, offset, size, listing.targets[lo + j])
                 digest = _file_sha256(local)
+                name = shard_name(split, number, digest)
                 info = ShardInfo(name=name, count=hi - lo, bytes=os.path.getsize(local), sha256=digest)
                 shards.append(info)
                 shard_bytes = sum(sizes[lo:hi])
@@ -178,7 +192,10 @@ def push(
             manifest.splits[split] = _write_split_files(store, split, listing, src.root, rows, shards)
             report.splits[split] = len(listing.paths)
             report.shards_total += len(shards)
-    store.write_bytes(MANIFEST, manifest.to_bytes())
+    store.write_bytes(MANIFEST, manifest.to_bytes())  # the commit point: this version is now the data set
+    for split, info in manifest.splits.items():
+        store.write_bytes(f"{split}/{WIDS_LIST}", wids_shardlist(split, info.shards))
+    report.superseded = len(garbage(store.list_sizes(""), manifest))
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -187,9 +204,9 @@ def _write_split_files(store: Store, split: str, listing, root: str, rows: np.nd
     index = encode_index(rows)
     rel = [os.path.relpath(p, root) for p in listing.paths]
     paths = json.dumps(rel).encode()
-    store.write_bytes(f"{split}/index.npy", index)
-    store.write_bytes(f"{split}/paths.json", paths)
-    store.write_bytes(f"{split}/shards.wds.json", wids_shardlist(split, shards))
+    index_name, paths_name = sidecar_name(split, "index", "npy", index), sidecar_name(split, "paths", "json", paths)
+    store.write_bytes(index_name, index)
+    store.write_bytes(paths_name, paths)
     counts = {c: 0 for c in listing.classes}
     for t in listing.targets:
         counts[listing.classes[t]] += 1
@@ -197,8 +214,8 @@ def _write_split_files(store: Store, split: str, listing, root: str, rows: np.nd
         count=len(listing.paths),
         class_counts=counts,
         shards=shards,
-        index=FileInfo(name=f"{split}/index.npy", bytes=len(index), sha256=sha256_hex(index)),
-        paths=FileInfo(name=f"{split}/paths.json", bytes=len(paths), sha256=sha256_hex(paths)),
+        index=FileInfo(name=index_name, bytes=len(index), sha256=sha256_hex(index)),
+        paths=FileInfo(name=paths_name, bytes=len(paths), sha256=sha256_hex(paths)),
     )
 
 
@@ -218,6 +235,15 @@ def _already_there(store: Store, info: ShardInfo, present: dict[str, int], reche
             h.update(chunk)
         return h.hexdigest() == info.sha256
     return True
+
+
+def _remove_stale_staging() -> None:
+    import psutil
+
+    for entry in Path(tempfile.gettempdir()).glob(f"{STAGING_PREFIX}*-*"):
+        pid = entry.name[len(STAGING_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def _file_sha256(path: str) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from dtrain.data.shard_format import MANIFEST, Manifest, sha256_hex
+from dtrain.data.shard_format import MANIFEST, Manifest, garbage, sha256_hex
 from dtrain.data.storage import Store, open_store
 from dtrain.errors import DtrainError
 
@@ -83,6 +83,16 @@ def verify(store: Store, progress: Callable[[int, int], None] | None = None) -> 
         if progress:
             progress(done, total)
     return report
+
+
+def collect_garbage(store: Store, *, dry_run: bool = False) -> list[str]:
+    """Remove (or with `dry_run` only list) the objects of superseded versions and of
+    interrupted pushes. Only while no push to this address runs (its new objects are not
+    in the manifest yet) and no job still reads an earlier version."""
+    names = garbage(store.list_sizes(""), load_manifest(store))
+    if not dry_run:
+        store.delete(names)
+    return names
 
 
 def info(store: Store) -> dict[str, Any]:

@@ -10,6 +10,12 @@ stripped, and every known secret value is blanked out of the text we show.
 
 A `Store` is safe to hand to DataLoader workers: the filesystem object is created lazily
 in each process (s3fs clients hold an event loop and sockets that must not cross a fork).
+
+Every remote call has a time limit (`timeout`, default 60 s, `DTRAIN_STORAGE_TIMEOUT`):
+on S3 a request gives up after timeout/3 s of silence (connect or read) and is tried
+twice, so a stalled endpoint fails a call in about two thirds of the timeout; on top, a
+metadata call is cancelled after `timeout` s and an upload after `timeout` s plus its
+size at MIN_RATE, whatever the client library does.
 """
 
 from __future__ import annotations
@@ -25,6 +31,29 @@ from dtrain.errors import DtrainError
 
 _SECRET_KEYS = ("key", "secret", "token", "password", "aws_access_key_id", "aws_secret_access_key", "aws_session_token")
 _SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+DEFAULT_TIMEOUT = 60.0
+TIMEOUT_ENV = "DTRAIN_STORAGE_TIMEOUT"
+MIN_RATE = 100_000  # bytes/s: an upload slower than this on average counts as stalled
+
+
+def default_timeout() -> float:
+    raw = os.environ.get(TIMEOUT_ENV)
+    try:
+        value = float(raw) if raw else DEFAULT_TIMEOUT
+    except ValueError:
+        raise DtrainError(f"bad {TIMEOUT_ENV}={raw!r}", "give it in seconds, e.g. 60") from None
+    if value <= 0:
+        raise DtrainError(f"bad {TIMEOUT_ENV}={raw!r}", "give it in seconds, e.g. 60")
+    return value
+
+
+def _s3_timeouts(options: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """botocore limits for every request (the user's own config_kwargs win)."""
+    config = dict(options.get("config_kwargs") or {})
+    config.setdefault("connect_timeout", min(10.0, timeout / 3))
+    config.setdefault("read_timeout", timeout / 3)
+    config.setdefault("retries", {"max_attempts": 2, "mode": "standard"})  # attempts in all
+    return {**options, "config_kwargs": config}
 
 
 def is_url(address: str) -> bool:
@@ -44,15 +73,18 @@ def redact(address: str) -> str:
 class Store:
     """A data address resolved to a filesystem and a root; names are '/'-joined below it."""
 
-    def __init__(self, address: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(self, address: str, storage_options: dict[str, Any] | None = None,
+                 timeout: float | None = None) -> None:
         self.address = address.rstrip("/") or "/"
         self.display = redact(self.address)
         self.options = dict(storage_options or {})
+        self.timeout = timeout if timeout is not None else default_timeout()
         self.protocol = urlsplit(self.address).scheme if is_url(self.address) else "file"
         if self.protocol in ("s3", "s3a"):
             endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
             if endpoint and "endpoint_url" not in self.options and "client_kwargs" not in self.options:
                 self.options["endpoint_url"] = endpoint
+            self.options = _s3_timeouts(self.options, self.timeout)
         self._fs: Any = None
         self._root = ""
         self._pid = -1
@@ -82,12 +114,21 @@ class Store:
                     # arguments, not on the credentials found in the environment.
                     with self.errors():
                         fs, root = fsspec.core.url_to_fs(self.address, skip_instance_cache=True, **options)
+                    if self.protocol in ("s3", "s3a"):
+                        fs.retries = 1  # botocore retries already; s3fs would multiply them
                     self._fs, self._root, self._pid = fs, root.rstrip("/"), os.getpid()
         return self._fs
 
     @property
     def is_local(self) -> bool:
         return self.protocol == "file"
+
+    def _limit(self, nbytes: int = 0) -> dict[str, float]:
+        """The `timeout` argument that bounds one call of an async filesystem (fsspec
+        cancels it); local filesystems take none."""
+        if not getattr(self.fs, "async_impl", False):
+            return {}
+        return {"timeout": self.timeout + nbytes / MIN_RATE}
 
     def path(self, name: str) -> str:
         self.fs  # noqa: B018 - resolves _root
@@ -100,13 +141,13 @@ class Store:
     # -- operations (every one maps failures to a DtrainError naming the address) --------
     def exists(self, name: str) -> bool:
         with self.errors(name):
-            return bool(self.fs.exists(self.path(name)))
+            return bool(self.fs.exists(self.path(name), **self._limit()))
 
     def size(self, name: str) -> int | None:
         """Size in bytes, or None when the object does not exist."""
         with self.errors(name):
             try:
-                return int(self.fs.size(self.path(name)))
+                return int(self.fs.size(self.path(name), **self._limit()))
             except FileNotFoundError:
                 return None
 
@@ -114,7 +155,7 @@ class Store:
         """Sizes of the objects below `prefix` (one listing request), by name relative to the root."""
         with self.errors(prefix):
             try:
-                found = self.fs.find(self.path(prefix), detail=True)
+                found = self.fs.find(self.path(prefix), detail=True, **self._limit())
             except FileNotFoundError:
                 return {}
         cut = len(self._root) + 1 if self._root else 0
@@ -122,7 +163,7 @@ class Store:
 
     def info(self, name: str) -> dict[str, Any]:
         with self.errors(name):
-            return dict(self.fs.info(self.path(name)))
+            return dict(self.fs.info(self.path(name), **self._limit()))
 
     def read_bytes(self, name: str) -> bytes:
         with self.errors(name):
@@ -157,7 +198,7 @@ class Store:
                     f.write(data)
                 os.replace(tmp, self.path(name))
             else:  # a single PUT is atomic on object stores
-                self.fs.pipe_file(self.path(name), data)
+                self.fs.pipe_file(self.path(name), data, **self._limit(len(data)))
 
     def put_file(self, local: str, name: str) -> None:
         with self.errors(name):
@@ -167,7 +208,12 @@ class Store:
                 self.fs.put_file(local, tmp)
                 os.replace(tmp, self.path(name))
             else:
-                self.fs.put_file(local, self.path(name))
+                self.fs.put_file(local, self.path(name), **self._limit(os.path.getsize(local)))
+
+    def delete(self, names: list[str]) -> None:
+        if names:
+            with self.errors(names[0]):
+                self.fs.rm([self.path(n) for n in names], **self._limit())
 
     def get_file(self, name: str, local: str) -> None:
         with self.errors(name):
@@ -185,8 +231,8 @@ class Store:
         with self.errors():
             if self.protocol in ("s3", "s3a"):
                 # HEAD bucket tells "absent" (404) from "not yours" (403); exists() hides both.
-                self.fs.call_s3("head_bucket", Bucket=bucket)
-            elif not self.fs.exists(bucket):
+                self.fs.call_s3("head_bucket", Bucket=bucket, **self._limit())
+            elif not self.fs.exists(bucket, **self._limit()):
                 raise FileNotFoundError(bucket)
 
     # -- error mapping ------------------------------------------------------------------
@@ -215,7 +261,11 @@ class Store:
             if isinstance(exc, (ImportError, ValueError)) and "protocol" in str(exc).lower():
                 raise DtrainError(f"{where}: unsupported storage protocol '{self.protocol}' ({self._clean(exc)})",
                                   "install the fsspec backend for it, or use a local path / s3://") from None
-            if isinstance(exc, OSError) or "Connect" in kind or "Endpoint" in kind or "Timeout" in kind:
+            if "Timeout" in kind or isinstance(exc, TimeoutError):
+                raise DtrainError(f"{where}: the store did not answer within {self.timeout:g} s ({kind})",
+                                  f"check the endpoint and the network; for a slow store raise {TIMEOUT_ENV}"
+                                  " (or --timeout)") from None
+            if isinstance(exc, OSError) or "Connect" in kind or "Endpoint" in kind:
                 raise DtrainError(f"{where}: cannot reach the store ({kind}: {self._clean(exc)})",
                                   "check the endpoint (AWS_ENDPOINT_URL / storage_options) and the network") from None
             raise
@@ -249,5 +299,5 @@ def _mentions_bucket(exc: BaseException) -> bool:
     return "NoSuchBucket" in text or "bucket" in text.lower()
 
 
-def open_store(address: str, storage_options: dict[str, Any] | None = None) -> Store:
-    return Store(address, storage_options)
+def open_store(address: str, storage_options: dict[str, Any] | None = None, timeout: float | None = None) -> Store:
+    return Store(address, storage_options, timeout)
