@@ -7,6 +7,8 @@ import hashlib
 import os
 import secrets as stdlib_secrets
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -89,3 +91,21 @@ def test_secret_values_reach_ranks_but_no_file(dtrain_home):
     assert wait_gone(job_id) == []
 
     _assert_private_and_clean(dtrain_home, [token, marked])
+
+
+def test_ssh_remote_command_reads_secret_values_from_stdin(tmp_path):
+    from dtrain.cluster.ssh import remote_command, secret_lines
+
+    env = {"API_TOKEN": "t $(touch pwned) 'q \\ ", "MINE": "m  v", secrets.MARKED_ENV: "MINE", "X": "plain"}
+    cmd = remote_command([sys.executable, "-c", "import os,sys; print(repr([os.environ[k] for k in "
+                          "('API_TOKEN', 'MINE', 'X')]), sys.stdin.read())"], env=env, cwd=str(tmp_path))
+    assert "touch pwned" not in cmd and "m  v" not in cmd and "X=plain" in cmd
+    # Through a real shell, as sshd runs it; what follows the values is the command's stdin.
+    out = subprocess.run(["sh", "-c", cmd], input=secret_lines(env) + "keep-alive", capture_output=True,
+                         text=True, check=True).stdout
+    assert out == repr([env["API_TOKEN"], "m  v", "plain"]) + " keep-alive\n"
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(ConfigError, match="line break"):
+        secret_lines({"API_TOKEN": "a\nb"})
+    with pytest.raises(ConfigError, match="bad environment variable name"):
+        remote_command(["true"], env={"A;B": "1"}, cwd=None)

@@ -33,16 +33,35 @@ class CommandRunner(ABC):
              cwd: str | None = None) -> list[str]:
         """The local argv that runs `remote_argv` on the node, in `cwd`, with `env` added."""
 
+    def stdin_preamble(self, env: Mapping[str, str]) -> str:
+        """What the command built by `argv` reads from its stdin before anything else
+        (the ssh runner's secret values); `run` and `popen` send it first."""
+        return ""
+
     def run(self, remote_argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
             cwd: str | None = None, input: str | None = None) -> subprocess.CompletedProcess[str]:
         """Run to completion, capturing text output; raises subprocess.TimeoutExpired."""
+        preamble = self.stdin_preamble(self.merged_env(env))
+        if preamble:
+            input = preamble + (input or "")
         return subprocess.run(self.argv(remote_argv, env=env, cwd=cwd), input=input, text=True,
                               capture_output=True, timeout=timeout,
                               stdin=None if input is not None else subprocess.DEVNULL)
 
     def popen(self, remote_argv: Sequence[str], *, env: Mapping[str, str] | None = None,
               cwd: str | None = None, **popen_kwargs) -> subprocess.Popen:
-        return subprocess.Popen(self.argv(remote_argv, env=env, cwd=cwd), **popen_kwargs)
+        preamble = self.stdin_preamble(self.merged_env(env))
+        if not preamble:
+            return subprocess.Popen(self.argv(remote_argv, env=env, cwd=cwd), **popen_kwargs)
+        keep_open = popen_kwargs.get("stdin") == subprocess.PIPE
+        proc = subprocess.Popen(self.argv(remote_argv, env=env, cwd=cwd), **{**popen_kwargs, "stdin": subprocess.PIPE})
+        text = any(popen_kwargs.get(k) for k in ("text", "universal_newlines", "encoding", "errors"))
+        proc.stdin.write(preamble if text else preamble.encode())
+        proc.stdin.flush()
+        if not keep_open:  # the caller asked for no stdin: the command sees EOF after the preamble
+            proc.stdin.close()
+            proc.stdin = None
+        return proc
 
     def share_connection(self, directory: str | None) -> CommandRunner:
         """Let every later command to this node reuse one connection whose socket lives in

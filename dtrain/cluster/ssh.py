@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from dtrain.cluster.runner import CommandRunner, register_runner
+from dtrain.errors import ConfigError
+from dtrain.jobs.secrets import ENV_NAME, secret_names
 
 # Notice a dead peer (a node that lost power or network) within ~15 s instead of hanging
 # on a half-open TCP connection forever.
@@ -67,19 +69,44 @@ class SshRunner(CommandRunner):
              cwd: str | None = None) -> list[str]:
         return self.ssh_argv() + [remote_command(remote_argv, env=self.merged_env(env), cwd=cwd)]
 
+    def stdin_preamble(self, env: Mapping[str, str]) -> str:
+        return secret_lines(env)
+
 
 def remote_command(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None) -> str:
-    """`cd DIR && export K=V && exec ARGV...`, every word quoted for a POSIX shell."""
+    """`cd DIR && export K=V && exec ARGV...`, every word quoted for a POSIX shell.
+
+    Secret values (dtrain.jobs.secrets) are not in it: anyone on either machine may read
+    a command line (`ps`). The remote shell reads them from stdin first, one line each, in
+    the order of `secret_lines`, which the runner sends before anything else."""
     if not argv:
         raise ValueError("empty command")
-    parts = []
+    for name in env:
+        if not ENV_NAME.match(name):
+            raise ConfigError(f"bad environment variable name {name!r}", "use letters, digits and '_'")
+    secret = secret_names(env)
+    parts = [f"IFS= read -r {k}" for k in secret]
+    if secret:
+        parts.append("export " + " ".join(secret))
     if cwd is not None:
         parts.append(f"cd {_quote_path(cwd)}")
-    if env:
-        parts.append("export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
+    plain = {k: v for k, v in env.items() if k not in secret}
+    if plain:
+        parts.append("export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in plain.items()))
     # exec: the remote process replaces the shell, so signals and exit codes are its own.
     parts.append("exec " + shlex.join(argv))
     return " && ".join(parts)
+
+
+def secret_lines(env: Mapping[str, str]) -> str:
+    """The secret values of `env`, one line each, for `remote_command`'s reads."""
+    values = []
+    for name in secret_names(env):
+        if "\n" in env[name] or "\r" in env[name]:
+            raise ConfigError(f"the value of {name} holds a line break; secrets reach ssh nodes one line each",
+                              "put a multi-line secret in a file on the nodes and pass its path")
+        values.append(env[name] + "\n")
+    return "".join(values)
 
 
 def _quote_path(path: str) -> str:

@@ -19,11 +19,16 @@ from dtrain.errors import ConfigError
 # DB_PASSWORD, WANDB_API_KEY, GOOGLE_APPLICATION_CREDENTIALS, BASIC_AUTH) is secret.
 SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "KEY", "CREDENTIAL", "AUTH",
                 "COOKIE", "PRIVATE", "SIGNATURE")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PLACEHOLDER = re.compile(r"^<secret \d+>$")
 # Shorter values are not masked in printed text (they would blank out unrelated words);
 # they are still kept out of every file.
 _MIN_MASKED = 3
+
+
+# Set in every rank's environment when names are marked: the list of them (no values),
+# so that the ssh runner also keeps those values off the remote command line.
+MARKED_ENV = "DTRAIN_SECRET_ENV"
 
 
 def looks_secret(name: str) -> bool:
@@ -31,12 +36,18 @@ def looks_secret(name: str) -> bool:
     return any(word in upper for word in SECRET_WORDS)
 
 
+def secret_names(env: Mapping[str, str]) -> list[str]:
+    """The names in `env` whose values are secret: marked (MARKED_ENV) or looking it."""
+    marked = set(filter(None, env.get(MARKED_ENV, "").split(",")))
+    return [name for name in env if name in marked or looks_secret(name)]
+
+
 def resolve(names: Iterable[str], env: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
     """The values of the marked names: from `env` when given there, else from the head's
     environment (`environ`), so that they never appear on a command line."""
     out = {}
     for name in names:
-        if not _ENV_NAME.match(name):
+        if not ENV_NAME.match(name):
             raise ConfigError(f"bad secret name {name!r}",
                               "write --secret-env NAME; its value comes from your shell (export NAME=...)")
         if name in env:

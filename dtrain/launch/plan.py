@@ -193,6 +193,10 @@ def _node_env(job, node, rank, nodes, addrs, job_id, scratch, ifname) -> dict[st
         # Workers write to torchrun's tee files: unbuffered, so lines reach the head live.
         "PYTHONUNBUFFERED": "1",
     })
+    if job.secret_env:
+        from dtrain.jobs.secrets import MARKED_ENV
+
+        env[MARKED_ENV] = ",".join(job.secret_env)
     if ifname:
         env.setdefault("GLOO_SOCKET_IFNAME", ifname)
         env.setdefault("NCCL_SOCKET_IFNAME", ifname)
