@@ -28,7 +28,7 @@ _MIN_MASKED = 3
 
 # Set in every rank's environment when names are marked: the list of them (no values),
 # so that the ssh runner also keeps those values off the remote command line.
-MARKED_ENV = "DTRAIN_SECRET_ENV"
+MARKED_ENV = "DTRAIN_MASKED_ENV"
 
 
 def looks_secret(name: str) -> bool:
