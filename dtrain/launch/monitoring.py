@@ -33,7 +33,7 @@ class Monitoring:
         if name not in self._waiting:
             return
         self._waiting.discard(name)
-        node = next(n for n in self.plan.nodes if n.name == name)
+        node = self.plan.node(name)
         try:
             with open(self.job_dir / "logs" / f"{node.name}.agent.log", "ab") as log:
                 proc = self.runners[node.name].popen(
