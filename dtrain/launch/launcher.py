@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -77,10 +78,10 @@ def start(
     detach: bool = False,
     registry: JobRegistry | None = None,
     head_cwd: str | None = None,
-    announce: str = "",
+    on_job: Callable[[str], None] | None = None,
 ) -> Started:
-    """Plan the job, then print the plan (`dry_run`) or execute it. `announce`: a line
-    for the user once the job has its id (e.g. how to watch a local run)."""
+    """Plan the job, then print the plan (`dry_run`) or execute it. `on_job` hears the
+    job's id before it is executed (e.g. to tell the user how to watch a local run)."""
     head_cwd = head_cwd or os.getcwd()
     job_id = new_job_id(time.time() if dry_run else (registry or JobRegistry()).clock())
     runners = job_runners(cluster, job_id)
@@ -94,8 +95,8 @@ def start(
                    for n in plan.nodes}
             out.write(render(plan, via) + "\n")
             return Started(job_id, plan, 0)
-        if announce:
-            out.write(announce.format(job_id=job_id) + "\n")
+        if on_job is not None:
+            on_job(job_id)
         outcome, pid = _execute(plan, cluster, job, runners, registry or JobRegistry(), out=out, detach=detach)
         handed_over = pid is not None
     finally:
