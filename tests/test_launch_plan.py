@@ -151,3 +151,27 @@ def test_the_wrapper_names_the_interface_holding_each_local_address():
         v4 = [a.address for a in addrs if a.family == socket.AF_INET]
         if v4:  # the primary address; a secondary one is left to psutil
             assert _primary_holder(v4[0]) == name
+
+
+def test_launch_asks_no_runner_its_kind_and_its_modules_depend_one_way():
+    """launch/ reaches nodes only through the CommandRunner interface, and nothing the
+    launcher uses imports the launcher back (no launcher <-> supervisor cycle)."""
+    import ast
+    from pathlib import Path
+
+    import dtrain.launch
+
+    imports: dict[str, set[str]] = {}
+    for path in Path(dtrain.launch.__file__).parent.glob("*.py"):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+            elif isinstance(node, ast.Import):
+                names.update(a.name for a in node.names)
+        imports[path.stem] = names
+        text = path.read_text()
+        assert "cluster.ssh" not in text and '.name == "ssh"' not in text, path
+    assert all("dtrain.cluster.ssh" not in names for names in imports.values())
+    importers = [mod for mod, names in imports.items() if "dtrain.launch.launcher" in names]
+    assert importers == [], importers
