@@ -45,7 +45,7 @@ def test_quickstart_tiny(tmp_path, dtrain_cmd, dtrain_home):
                                        timeout=60).stdout)
     assert [(j["id"], j["state"], j["world_size"]) for j in listed] == [(job.group(1), "succeeded", 2)]
     logs = subprocess.run([*dtrain_cmd, "logs", job.group(1)], capture_output=True, text=True, timeout=60).stdout
-    assert "[local:r0] " in logs and "[local:r1] " in logs
+    assert "[local:r0] training " in logs  # rank 0 speaks for the trainer
 
     # What the quickstart trains leaves as a verified ONNX model (its arch exports).
     model_dir = work / "model"
