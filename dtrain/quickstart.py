@@ -134,7 +134,7 @@ def run_quickstart(opts: QuickstartOptions, stream: TextIO = sys.stdout) -> dict
     print(f"train: {nproc} DDP processes, config {cfg_path}", file=stream)
     t1 = time.perf_counter()
     if launch_local(str(cfg_path), [], False, nproc, on_job=say_job(True)):
-        raise DtrainError("the quickstart's training was stopped", "run `dtrain quickstart` again to start over")
+        raise KeyboardInterrupt  # its job was stopped (Ctrl-C or `dtrain stop`): the quickstart ends there
     train_time = time.perf_counter() - t1
     checkpoint = train_dir / "checkpoints" / "last.pt"
     if not checkpoint.is_file():

@@ -48,11 +48,13 @@ class SshRunner(CommandRunner):
     def close_job(self) -> None:
         """`-O exit` ends the job's master connection to this node and whatever still
         rides on it; the last runner to close removes the job's socket directory."""
-        if not self.shared_dir or not os.path.isdir(self.shared_dir) or not os.listdir(self.shared_dir):
+        if not self.shared_dir:
             return
-        argv = self.ssh_argv()
-        subprocess.run([*argv[:-2], "-O", "exit", *argv[-2:]], capture_output=True, timeout=15,
-                       stdin=subprocess.DEVNULL)
+        if os.path.isdir(self.shared_dir) and os.listdir(self.shared_dir):
+            argv = self.ssh_argv()
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run([*argv[:-2], "-O", "exit", *argv[-2:]], capture_output=True, timeout=15,
+                               stdin=subprocess.DEVNULL)
         with contextlib.suppress(OSError):
             os.rmdir(self.shared_dir)
         self.shared_dir = None

@@ -21,7 +21,9 @@ from dtrain.cluster.runner import close_job_runners, job_runners, with_addresses
 from dtrain.errors import ExitStatus, JobFailed, PreflightError
 from dtrain.jobs.registry import JobRegistry, JobState, new_job_id
 from dtrain.launch.plan import Facts, LaunchPlan, build_plan, node_command, render
+from dtrain.launch.prepare import prepare_nodes
 from dtrain.launch.spec import JobSpec
+from dtrain.launch.supervisor import spawn, supervise, write_job_file
 from dtrain.launch.sync import can_mark, for_plan
 from dtrain.paths import job_dir
 
@@ -83,7 +85,9 @@ def start(
     """Plan the job, then print the plan (`dry_run`) or execute it. `on_job` hears the
     job's id before it is executed (e.g. to tell the user how to watch a local run)."""
     head_cwd = head_cwd or os.getcwd()
-    job_id = new_job_id(time.time() if dry_run else (registry or JobRegistry()).clock())
+    if not dry_run:  # a dry run registers nothing
+        registry = registry or JobRegistry()
+    job_id = new_job_id(registry.clock() if registry is not None else time.time())
     runners = job_runners(cluster, job_id)
     handed_over = False  # to the detached supervisor, which closes the connections itself
     try:
@@ -91,13 +95,15 @@ def start(
         facts = gather_facts(cluster, job, runners, out, head_cwd, probe=run_preflight)
         plan = build_plan(job, cluster.nodes, job_id, head_cwd=head_cwd, facts=facts)
         if dry_run:
-            via = {n.name: runners[n.name].argv(node_command(n)[0], env=n.env, cwd=node_command(n)[1])
-                   for n in plan.nodes}
+            via = {}
+            for n in plan.nodes:
+                argv, cwd = node_command(n)
+                via[n.name] = runners[n.name].argv(argv, env=n.env, cwd=cwd)
             out.write(render(plan, via) + "\n")
             return Started(job_id, plan, 0)
         if on_job is not None:
             on_job(job_id)
-        outcome, pid = _execute(plan, cluster, job, runners, registry or JobRegistry(), out=out, detach=detach)
+        outcome, pid = _execute(plan, cluster, job, runners, registry, out=out, detach=detach)
         handed_over = pid is not None
     finally:
         if not handed_over:
@@ -111,9 +117,6 @@ def _execute(plan: LaunchPlan, cluster, job: JobSpec, runners: dict, registry: J
              detach: bool):
     """Register the job, prepare the nodes, write job.json (the plan, unchanged) and run
     it here (-> its Outcome, None) or under a detached supervisor (-> None, its pid)."""
-    from dtrain.launch.prepare import prepare_nodes
-    from dtrain.launch.supervisor import spawn, supervise, write_job_file
-
     job_id = plan.job_id
     directory = job_dir(job_id)
     registry.create(plan.name, [n.name for n in plan.nodes], plan.world_size, directory, job_id=job_id)
