@@ -125,7 +125,7 @@ def _execute(plan: LaunchPlan, cluster, job: JobSpec, runners: dict, registry: J
     registry.set_supervisor(job_id, os.getpid())
     write_job_file(directory, plan, cluster, job)
     sync = for_plan(plan, lambda text: out.write(text + "\n"))
-    session_owns_sync = False
+    handed_over = False  # the detached supervisor's session removes the marker
     try:
         try:
             if sync is not None:
@@ -137,17 +137,17 @@ def _execute(plan: LaunchPlan, cluster, job: JobSpec, runners: dict, registry: J
             else:
                 registry.finish(job_id, JobState.FAILED, 1, f"preparing the nodes failed: {exc}".splitlines()[0])
             raise
-        session_owns_sync = True  # the session removes the marker once every node has looked
         if detach:
             pid = spawn(job_id, registry)
+            handed_over = True
             out.write(f"job {job_id} started in the background (supervisor pid {pid})\n"
                       f"  follow it: dtrain logs {job_id} -f    stop it: dtrain stop {job_id}\n")
             return None, pid
         out.write(f"[dtrain] job {job_id}: {len(plan.nodes)} node(s), world size {plan.world_size}\n")
         return supervise(job_id, out=out, registry=registry, runners=runners, plan=plan), None
     finally:
-        if sync is not None and not session_owns_sync:
-            sync.remove()
+        if sync is not None and not handed_over:
+            sync.remove()  # (the session removed it already once every node had looked)
 
 
 def _report(job_id: str, plan: LaunchPlan, outcome, out: TextIO) -> Started:
