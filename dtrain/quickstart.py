@@ -115,7 +115,7 @@ def run_quickstart(opts: QuickstartOptions, stream: TextIO = sys.stdout) -> dict
     """Run the recipe; returns the report dict also written to WORKDIR/report.json."""
     from dtrain.inspect.evaluate import evaluate
     from dtrain.inspect.report import write_report
-    from dtrain.train.launch import default_nproc, launch_local
+    from dtrain.train.launch import default_nproc, launch_local, say_job
 
     t0 = time.perf_counter()
     workdir = Path(opts.workdir)
@@ -133,7 +133,8 @@ def run_quickstart(opts: QuickstartOptions, stream: TextIO = sys.stdout) -> dict
     nproc = opts.nproc or default_nproc()
     print(f"train: {nproc} DDP processes, config {cfg_path}", file=stream)
     t1 = time.perf_counter()
-    launch_local(str(cfg_path), [], False, nproc)
+    if launch_local(str(cfg_path), [], False, nproc, on_job=say_job(True)):
+        raise KeyboardInterrupt  # its job was stopped (Ctrl-C or `dtrain stop`): the quickstart ends there
     train_time = time.perf_counter() - t1
     checkpoint = train_dir / "checkpoints" / "last.pt"
     if not checkpoint.is_file():

@@ -7,6 +7,7 @@ this repository and this virtualenv at the same paths, like nodes on a NAS.
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -212,3 +213,58 @@ def test_network_partition_of_one_host_ends_the_job(netns_cluster, dtrain_home):
         assert_nothing_left(netns_cluster, run.job_id)
     finally:
         netns_cluster.set_link("h2", up=True)
+
+
+def _plan_of_dry_run(text: str, real_id: str, dry_id: str) -> dict[str, dict]:
+    """Per node: the argv and environment a dry run printed (its job id replaced)."""
+    nodes: dict[str, dict] = {}
+    current = None
+    plan = text.replace(dry_id, real_id).split(f"job {real_id} (", 1)[1]  # after the preflight table
+    for line in plan.splitlines():
+        if line.startswith("node "):
+            current = nodes.setdefault(line.split()[1], {"env": {}})
+        elif line.startswith("  env: "):
+            key, _, value = shlex.split(line[len("  env: "):])[0].partition("=")
+            current["env"][key] = value
+        elif line.startswith("  run: "):
+            current["argv"] = shlex.split(line[len("  run: "):])
+    return nodes
+
+
+def test_dry_run_prints_the_plan_the_real_run_stores(netns_cluster, dtrain_home, tmp_path):
+    """gpus: omitted, so the probe's findings (GPU count, interface) shape the plan: the
+    dry run probes for them too and prints exactly what job.json then holds."""
+    yaml = netns_cluster.cluster_yaml(2)
+    args = [str(yaml), "--port", str(free_port()), "--", "python", PLAIN, "--epochs", "1"]
+    dry = subprocess.run([sys.executable, "-m", "dtrain", "run", "--dry-run", *args], capture_output=True,
+                         text=True, timeout=180, cwd=REPO)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    run = Run(*args)
+    assert run.finish() == 0, run.output()
+    saved = json.loads((dtrain_home / "jobs" / run.job_id / "job.json").read_text())["plan"]
+    printed = _plan_of_dry_run(dry.stdout, run.job_id, job_id_of(dry.stdout))
+    assert set(printed) == {"h1", "h2"}
+    for node in saved["nodes"]:
+        assert printed[node["name"]]["argv"] == node["argv"]
+        assert printed[node["name"]]["env"] == node["env"]
+        assert node["env"]["GLOO_SOCKET_IFNAME"] == "eth0"  # found by the probe, in both
+    assert_nothing_left(netns_cluster, run.job_id)
+
+
+def test_hosts_given_as_ssh_config_aliases_need_no_cluster_file(netns_cluster, dtrain_home, tmp_path):
+    """`--hosts gpu-1,gpu-2`: names only this machine's ssh config knows (no namespace host
+    resolves them); the other nodes are told the HostName IPs `ssh -G` gives."""
+    config = netns_cluster.ssh_config.read_text()
+    for i, h in enumerate(netns_cluster.hosts[:2], start=1):
+        config = config.replace(f"Host {h.name}\n", f"Host gpu-{i}\n")
+        assert netns_cluster.exec(h, ["getent", "hosts", "gpu-1"]).returncode != 0
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(config)
+    run = Run("--hosts", "gpu-1,gpu-2", "--ssh-config", str(ssh_config), "--port", str(free_port()),
+              "--", "python", PLAIN, "--epochs", "1")
+    assert run.finish() == 0, run.output()
+    assert any(ln.startswith("[gpu-1:r0] done world=2 ") for ln in run.lines), run.output()
+    plan = json.loads((dtrain_home / "jobs" / run.job_id / "job.json").read_text())["plan"]
+    assert plan["master_addr"] == netns_cluster.hosts[0].address
+    assert [n["address"] for n in plan["nodes"]] == [h.address for h in netns_cluster.hosts[:2]]
+    assert_nothing_left(netns_cluster, run.job_id)

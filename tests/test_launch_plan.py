@@ -12,7 +12,7 @@ import pytest
 
 from dtrain.cluster.spec import ClusterSpec
 from dtrain.errors import ConfigError
-from dtrain.launch.plan import build_plan
+from dtrain.launch.plan import Facts, build_plan
 from dtrain.launch.spec import JobSpec, torchrun_target
 
 PY = "/opt/venv/bin/python"
@@ -74,7 +74,8 @@ def test_static_plan_is_a_hand_written_launch():
 def test_elastic_plan_and_extras():
     job = JobSpec(command=["dtrain", "train", "c.yaml"], rdzv="elastic", nnodes="1:2", max_restarts=1,
                   tf_config=True, env={"A": "1"})
-    plan = build_plan(job, cluster().nodes, "J2", head_cwd="/h", ifnames={"n0": "eth0"}, gpus={"n1": 3})
+    plan = build_plan(job, cluster().nodes, "J2", head_cwd="/h",
+                      facts=Facts(ifnames={"n0": "eth0"}, gpus={"n1": 3}))
     n0, n1 = plan.nodes
     t0 = n0.argv[n0.argv.index("--") + 1:]
     assert t0[3:17] == ["--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.1:29500",
@@ -95,7 +96,7 @@ def test_dry_run_cli_prints_exact_quoted_argv(tmp_path, dtrain_home):
     )
     hostile = "x; touch /tmp/pwned $(id) 'q'"
     res = subprocess.run(
-        [sys.executable, "-m", "dtrain", "run", str(cfg), "--dry-run", "--nproc-per-node", "2",
+        [sys.executable, "-m", "dtrain", "run", str(cfg), "--dry-run", "--no-preflight", "--nproc-per-node", "2",
          "--env", "MSG=hello world", "--", "python", "train.py", hostile],
         capture_output=True, text=True, timeout=60,
     )
@@ -112,6 +113,8 @@ def test_dry_run_cli_prints_exact_quoted_argv(tmp_path, dtrain_home):
     assert remote[:2] == ["sh", "-c"] and remote[4] == "/srv/w" and remote[5].startswith(".dtrain-sync-")
     assert remote[7:] == runs[1]
     assert "  env: MSG='hello world'" in lines
+    # Without probing the nodes, what only the launch can decide is said plainly.
+    assert sum("decided at launch: the network interface" in ln for ln in lines) == 2
     assert not list(dtrain_home.glob("jobs/*")), "a dry run registers nothing"
 
 
@@ -148,3 +151,27 @@ def test_the_wrapper_names_the_interface_holding_each_local_address():
         v4 = [a.address for a in addrs if a.family == socket.AF_INET]
         if v4:  # the primary address; a secondary one is left to psutil
             assert _primary_holder(v4[0]) == name
+
+
+def test_launch_asks_no_runner_its_kind_and_its_modules_depend_one_way():
+    """launch/ reaches nodes only through the CommandRunner interface, and nothing the
+    launcher uses imports the launcher back (no launcher <-> supervisor cycle)."""
+    import ast
+    from pathlib import Path
+
+    import dtrain.launch
+
+    imports: dict[str, set[str]] = {}
+    for path in Path(dtrain.launch.__file__).parent.glob("*.py"):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+            elif isinstance(node, ast.Import):
+                names.update(a.name for a in node.names)
+        imports[path.stem] = names
+        text = path.read_text()
+        assert "cluster.ssh" not in text and '.name == "ssh"' not in text, path
+    assert all("dtrain.cluster.ssh" not in names for names in imports.values())
+    importers = [mod for mod, names in imports.items() if "dtrain.launch.launcher" in names]
+    assert importers == [], importers

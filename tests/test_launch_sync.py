@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import subprocess
 import sys
@@ -12,8 +13,9 @@ from dtrain.cluster.runner import runner_for
 from dtrain.cluster.spec import ClusterSpec
 from dtrain.errors import DtrainError
 from dtrain.launch.plan import build_plan
-from dtrain.launch.prepare import files_to_sync, prepare_nodes
+from dtrain.launch.prepare import prepare_nodes
 from dtrain.launch.spec import JobSpec
+from dtrain.launch.sync import files_to_sync, for_plan
 
 
 def _project(root):
@@ -35,7 +37,14 @@ def _prepare(tmp_path, monkeypatch, nodes, job=None):
     plan = build_plan(job, cluster.nodes, "J", head_cwd=str(proj))
     out = io.StringIO()
     runners = {n.name: runner_for(n, cluster) for n in cluster.nodes}
-    prepare_nodes(plan, cluster, runners, job, out=out)
+    sync = for_plan(plan)
+    if sync is not None:
+        sync.write()
+    try:
+        prepare_nodes(plan, cluster, runners, sync, out=out)
+    finally:
+        if sync is not None and not any(n.sync_at_launch for n in plan.nodes):
+            sync.remove()
     return proj, out.getvalue()
 
 
@@ -84,8 +93,8 @@ def test_the_launch_itself_looks_for_the_code_and_says_when_it_is_missing(tmp_pa
     cluster = ClusterSpec.model_validate({"nodes": [{"name": "other", "host": "local", "workdir": str(remote)}]})
     runner = runner_for(cluster.nodes[0], cluster)
     launch = build_plan(JobSpec(command=["python", "train.py"]), cluster.nodes, "J", head_cwd=str(proj)).nodes[0]
-    assert launch.sync_marker == ".dtrain-sync-J"
-    launch.argv = ["sh", "-c", 'echo "started in $PWD"']  # stands in for the node wrapper
+    assert launch.sync_marker == ".dtrain-sync-J" and launch.sync_at_launch
+    launch = dataclasses.replace(launch, argv=["sh", "-c", 'echo "started in $PWD"'])  # stands in for the wrapper
     missing = MARK + '{"sync": "missing"}\n'
 
     def launched() -> str:

@@ -166,21 +166,6 @@ def test_collector_stores_series_flags_straggler_and_dead_node(tmp_path):
     assert "n1 stopped reporting" in (job_dir / "monitor.log").read_text()
 
 
-def test_local_monitoring_for_a_job_on_this_machine(tmp_path):
-    from dtrain.monitor.local import monitored
-
-    said = []
-    with monitored(tmp_path / "job", "jobL", say=said.append) as env:
-        assert set(env) == {"DTRAIN_AGENT_ADDR"}
-        port = int(env["DTRAIN_AGENT_ADDR"].rsplit(":", 1)[1])
-        start_rank(0, port, steps=20, sleep=0.02, job="jobL").wait(timeout=60)
-        time.sleep(1.5)
-    store = Store.for_job(tmp_path / "job", readonly=True)
-    assert store.rank_series()[("local", 0)]["steps_total"][-1] == 20
-    assert len(store.node_series()["local"]["t"]) >= 2
-    assert said == []
-
-
 def test_an_agent_of_another_job_is_not_taken_for_ours(agent, tmp_path):
     # Two jobs on one node, the second one's agent could not bind the port: the first
     # job's agent answers. Its series must not be stored as the second job's.

@@ -40,6 +40,12 @@ def test_quickstart_tiny(tmp_path, dtrain_cmd, dtrain_home):
     summary = json.loads((tmp_path / "jobreport" / "summary.json").read_text())
     assert set(summary["ranks"]) == {"0", "1"} and all(r["steps"] > 0 for r in summary["ranks"].values())
     assert set(summary["nodes"]) == {"local"} and summary["job"]["state"] == "succeeded"
+    # ... and it is a job like a cluster job's: listed, with its ranks' lines in its logs.
+    listed = json.loads(subprocess.run([*dtrain_cmd, "jobs", "--json"], capture_output=True, text=True,
+                                       timeout=60).stdout)
+    assert [(j["id"], j["state"], j["world_size"]) for j in listed] == [(job.group(1), "succeeded", 2)]
+    logs = subprocess.run([*dtrain_cmd, "logs", job.group(1)], capture_output=True, text=True, timeout=60).stdout
+    assert "[local:r0] training " in logs  # rank 0 speaks for the trainer
 
     # What the quickstart trains leaves as a verified ONNX model (its arch exports).
     model_dir = work / "model"

@@ -18,6 +18,7 @@ def check(
     port: int = typer.Option(29500, "--port", help="The master port the job will use."),
     timeout: float = typer.Option(20.0, "--timeout", help="Seconds each node may take to answer."),
     python: Optional[str] = typer.Option(None, "--python", help="Interpreter on every node (overrides the file)."),
+    ssh_config: Optional[str] = typer.Option(None, "--ssh-config", help="ssh client config (ssh -F) instead of ~/.ssh/config."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Preflight every node: ssh, Python/torch versions, GPUs, master port, interface, DNS, storage, clock.
@@ -27,10 +28,12 @@ def check(
     from rich.console import Console
 
     from dtrain.cluster.preflight import run_preflight
+    from dtrain.cluster.runner import job_runners, with_addresses
     from dtrain.cluster.spec import cluster_from_args
     from dtrain.errors import PreflightError
 
-    spec = cluster_from_args(cluster, hosts, python=python)
+    spec = cluster_from_args(cluster, hosts, python=python, ssh_config=ssh_config)
+    spec = with_addresses(spec, job_runners(spec))  # the addresses the job would use
     report = run_preflight(spec, master_port=port, timeout=timeout, out=None if as_json else Console())
     if as_json:
         typer.echo(report.model_dump_json(indent=2))

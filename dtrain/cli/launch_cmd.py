@@ -31,6 +31,7 @@ def register(app: typer.Typer) -> None:
     def run(
         ctx: typer.Context,
         hosts: Optional[str] = typer.Option(None, "--hosts", help="Comma-separated SSH hosts (or 'local')."),
+        ssh_config: Optional[str] = typer.Option(None, "--ssh-config", help="ssh client config (ssh -F) instead of ~/.ssh/config."),
         nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", help="Processes per node."),
         rdzv: Optional[str] = typer.Option(None, "--rdzv", help="static (default) or elastic."),
         nnodes: Optional[str] = typer.Option(None, "--nnodes", help="Elastic MIN:MAX nodes."),
@@ -64,7 +65,7 @@ def register(app: typer.Typer) -> None:
             tf_config=tf_config or None, sync="never" if no_sync else None,
             monitor=False if no_monitor else None,
         )
-        cluster = cluster_from_args(cluster_file, hosts, default_local=True)
+        cluster = cluster_from_args(cluster_file, hosts, ssh_config=ssh_config, default_local=True)
         started = start(job, cluster, out=sys.stdout, run_preflight=not no_preflight,
                         dry_run=dry_run, detach=detach)
         print_and_exit(started.exit_status)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -18,12 +19,14 @@ def train(
     resume: bool = typer.Option(False, "--resume", help="Continue from OUTPUT/checkpoints/last.pt."),
     monitor: bool = typer.Option(True, "--monitor/--no-monitor", help="Run the node agent: `dtrain top` / `dtrain report` for this run."),
 ) -> None:
-    """Train with DDP on this machine's devices (the same trainer torchrun runs)."""
+    """Train with DDP on this machine's devices, as a job (`dtrain jobs / logs / stop`)."""
     from dtrain.configio import load_config
+    from dtrain.launch.cli_support import print_and_exit
     from dtrain.train.config import TrainConfig
+    from dtrain.train.launch import default_nproc, launch_local, say_job
 
     # Validate here, before any process starts, so a typo costs no launch.
     load_config(TrainConfig, config, overrides)
-    from dtrain.train.launch import default_nproc, launch_local
-
-    launch_local(str(config) if config else None, list(overrides), resume, nproc or default_nproc(), monitor=monitor)
+    status = launch_local(str(config) if config else None, list(overrides), resume, nproc or default_nproc(),
+                          monitor=monitor, on_job=say_job(monitor))
+    print_and_exit(status)

@@ -7,18 +7,25 @@ no caller ever builds a shell string.
 
 The node's own `env` (cluster.yaml) is applied to every command; `env` given to a call
 is added on top. `setup` commands are the launcher's business, not the runner's.
+
+A runner also owns its transport, so the launcher never asks which runner it holds: the
+job's shared connection (`open_job` / `close_job`), copying a tree of files to the node
+(`copy_tree`) and the address the other nodes use for it (`reach_address`).
 """
 
 from __future__ import annotations
 
 import difflib
 import subprocess
+from pathlib import Path
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 from dtrain.cluster.spec import ClusterSpec, NodeSpec
-from dtrain.errors import ConfigError
+from dtrain.errors import ConfigError, DtrainError
+
+COPY_TIMEOUT = 1800.0
 
 
 class CommandRunner(ABC):
@@ -63,11 +70,38 @@ class CommandRunner(ABC):
             proc.stdin = None
         return proc
 
-    def share_connection(self, directory: str | None) -> CommandRunner:
-        """Let every later command to this node reuse one connection whose socket lives in
-        `directory` (one job's private directory). A no-op where there is no connection
-        to share (a local node) or `directory` is None."""
+    def open_job(self, job_id: str) -> CommandRunner:
+        """Let every later command to this node reuse one connection kept for `job_id`
+        (until `close_job`). A no-op where there is no connection to share."""
         return self
+
+    def close_job(self) -> None:
+        """End the job's shared connection, if `open_job` made one."""
+
+    def reach_address(self) -> str:
+        """The address the other nodes use for this node."""
+        return self.node.reach_address
+
+    def copy_tree(self, root: Path, files: list[str], workdir: str) -> None:
+        """Copy `files` (paths relative to `root`) into `workdir` on the node: a tar stream
+        through `popen`, which works for every runner; raises DtrainError."""
+        listing = "".join(f + "\0" for f in files).encode()
+        tar = subprocess.Popen(["tar", "-C", str(root), "--null", "-T", "-", "-cf", "-"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        recv = self.popen(["sh", "-c", 'mkdir -p "$1" && exec tar -C "$1" -xf -', "sh", workdir],
+                          stdin=tar.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        tar.stdout.close()
+        tar.stdin.write(listing)
+        tar.stdin.close()
+        _, err = recv.communicate(timeout=COPY_TIMEOUT)
+        tar.wait(timeout=60)
+        if recv.returncode != 0 or tar.returncode != 0:
+            self.copy_failed(err)
+
+    def copy_failed(self, stderr: bytes) -> None:
+        raise DtrainError(f"copying the code to {self.node.name} failed: "
+                          f"{stderr.decode(errors='replace').strip()[-300:]}",
+                          "check the node's disk and workdir, or set sync: never")
 
     def merged_env(self, env: Mapping[str, str] | None) -> dict[str, str]:
         return {**self.node.env, **(env or {})}
@@ -96,6 +130,30 @@ def runner_class(name: str) -> type[CommandRunner]:
 
 def runner_for(node: NodeSpec, cluster: ClusterSpec) -> CommandRunner:
     return runner_class(node.transport)(node, cluster)
+
+
+def job_runners(cluster: ClusterSpec, job_id: str | None = None) -> dict[str, CommandRunner]:
+    """One runner per node, by node name; with a job id every command to a node shares
+    one connection until `close_job_runners`."""
+    runners = {n.name: runner_for(n, cluster) for n in cluster.nodes}
+    if job_id:
+        for runner in runners.values():
+            runner.open_job(job_id)
+    return runners
+
+
+def close_job_runners(runners: dict[str, CommandRunner]) -> None:
+    for runner in runners.values():
+        runner.close_job()
+
+
+def with_addresses(cluster: ClusterSpec, runners: dict[str, CommandRunner]) -> ClusterSpec:
+    """The cluster with every node's address filled in from its runner (e.g. the IP an
+    `~/.ssh/config` alias stands for), so that preflight, the plan and job.json all use
+    the address the other nodes will really dial."""
+    nodes = [n if n.address else n.model_copy(update={"address": runners[n.name].reach_address()})
+             for n in cluster.nodes]
+    return cluster.model_copy(update={"nodes": nodes})
 
 
 def _load_builtin() -> None:

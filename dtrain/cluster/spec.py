@@ -209,13 +209,14 @@ def load_cluster(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) 
 
 
 def cluster_from_args(cluster_file: str | Path | None, hosts: str | None, *, python: str | None = None,
-                      default_local: bool = False) -> ClusterSpec:
+                      ssh_config: str | None = None, default_local: bool = False) -> ClusterSpec:
     """The cluster a command line names (`dtrain check`, `dtrain run`): a cluster.yaml,
     `--hosts h1,h2`, or both (the file restricted to those nodes).
 
     The quick form runs the head's own interpreter path on every node (a venv at the same
-    path everywhere); `python` overrides the interpreter in both forms. Neither given:
-    this machine alone if `default_local`, else a ConfigError."""
+    path everywhere); `python` overrides the interpreter and `ssh_config` the ssh client
+    configuration (ssh -F) in both forms. Neither given: this machine alone if
+    `default_local`, else a ConfigError."""
     import sys
 
     names = [h.strip() for h in (hosts or "").split(",") if h.strip()]
@@ -225,8 +226,11 @@ def cluster_from_args(cluster_file: str | Path | None, hosts: str | None, *, pyt
                               "pass a cluster.yaml, or --hosts h1,h2 (use 'local' for this machine)")
         names = [LOCAL]
     if cluster_file is None:
-        return ClusterSpec.from_hosts(names, defaults={"python": python or sys.executable})
+        extra = {"ssh_config": ssh_config} if ssh_config else {}
+        return ClusterSpec.from_hosts(names, defaults={"python": python or sys.executable}, **extra)
     spec = load_cluster(cluster_file)
+    if ssh_config:
+        spec = spec.model_copy(update={"ssh_config": str(Path(ssh_config).expanduser())})
     if names:
         spec = spec.select(names)
     if python:

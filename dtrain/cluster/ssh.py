@@ -8,6 +8,7 @@ environment value and the directory are shlex-quoted; names were validated by th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -16,7 +17,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from dtrain.cluster.runner import CommandRunner, register_runner
+from dtrain.cluster.runner import COPY_TIMEOUT, CommandRunner, register_runner
 from dtrain.errors import ConfigError
 from dtrain.jobs.secrets import ENV_NAME, secret_names
 
@@ -40,11 +41,58 @@ class SshRunner(CommandRunner):
         super().__init__(node, cluster)
         self.shared_dir: str | None = None
 
-    def share_connection(self, directory: str | None) -> SshRunner:
+    def open_job(self, job_id: str) -> SshRunner:
         # The user's own multiplexing (ssh_multiplex) already shares one connection.
-        if directory and not self.cluster.ssh_multiplex:
-            self.shared_dir = directory
+        if not self.cluster.ssh_multiplex:
+            self.shared_dir = _job_dir(job_id)
         return self
+
+    def close_job(self) -> None:
+        """`-O exit` ends the job's master connection to this node and whatever still
+        rides on it; the last runner to close removes the job's socket directory."""
+        if not self.shared_dir:
+            return
+        if os.path.isdir(self.shared_dir) and os.listdir(self.shared_dir):
+            argv = self.ssh_argv()
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run([*argv[:-2], "-O", "exit", *argv[-2:]], capture_output=True, timeout=15,
+                               stdin=subprocess.DEVNULL)
+        with contextlib.suppress(OSError):
+            os.rmdir(self.shared_dir)
+        self.shared_dir = None
+
+    def reach_address(self) -> str:
+        """What ssh really dials for this destination (`ssh -G`: an alias's HostName in
+        ~/.ssh/config), since the other nodes know nothing of this machine's aliases."""
+        if self.node.address:
+            return self.node.address
+        argv = self.ssh_argv()
+        try:
+            res = subprocess.run([argv[0], "-G", *argv[1:]], capture_output=True, text=True, timeout=15,
+                                 stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError):
+            return self.node.reach_address
+        for line in res.stdout.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "hostname" and value.strip():
+                return value.strip()
+        return self.node.reach_address
+
+    def copy_tree(self, root: Path, files: list[str], workdir: str) -> None:
+        """rsync over this runner's ssh when both ends have it, else the tar stream."""
+        if shutil.which("rsync"):
+            ssh = self.ssh_argv()[:-2]  # without "--" and the destination
+            cmd = ["rsync", "-a", "--from0", "--files-from=-", "-e", shlex.join(ssh),
+                   "--rsync-path", f"mkdir -p {shlex.quote(workdir)} && rsync",
+                   f"{root}/", f"{self.node.host}:{workdir}/"]
+            listing = "".join(f + "\0" for f in files).encode()
+            res = subprocess.run(cmd, input=listing, capture_output=True, timeout=COPY_TIMEOUT)
+            if res.returncode == 0:
+                return
+            # rsync missing on the node (exit 127 through ssh): the tar stream below
+            if b"command not found" not in res.stderr and res.returncode != 127:
+                self.copy_failed(res.stderr)
+        super().copy_tree(root, files, workdir)
 
     def ssh_argv(self) -> list[str]:
         """`ssh` and its options, up to and including the destination."""
@@ -116,27 +164,14 @@ def _quote_path(path: str) -> str:
     return shlex.quote(path)
 
 
-def job_connections(job_id: str) -> str | None:
-    """A private directory for one job's shared connections (closed with
-    `close_connections`), or None where its socket paths would be too long."""
+def _job_dir(job_id: str) -> str | None:
+    """A private directory for one job's shared connections, or None where its socket
+    paths would be too long."""
     path = os.path.join(control_dir(), job_id)
     if len(path) > _MAX_CONTROL_DIR:
         return None
     os.makedirs(path, mode=0o700, exist_ok=True)
     return path
-
-
-def close_connections(directory: str | None) -> None:
-    """Stop the master connections kept in `directory` and remove it. Called when the
-    job's sessions are over: `-O exit` ends a master and whatever still rides on it."""
-    if not directory or not os.path.isdir(directory):
-        return
-    for sock in Path(directory).iterdir():
-        if sock.is_socket():
-            # -F /dev/null: the socket is named outright; no config and no network needed.
-            subprocess.run(["ssh", "-F", "/dev/null", "-o", f"ControlPath={sock}", "-O", "exit", "dtrain-job"],
-                           capture_output=True, timeout=15, stdin=subprocess.DEVNULL)
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 def control_dir() -> str:

@@ -1,9 +1,11 @@
-"""`dtrain run` as a library call: preflight, plan, dry run, prepare nodes, supervise.
+"""`dtrain run`, `dtrain train --nproc N` and the quickstart as one library call: gather
+the facts, plan, then execute that plan (or print it: the dry run).
 
-`start` is the whole launch path; the CLI only parses flags into a JobSpec and a
-ClusterSpec. Side effects (output stream, registry) are passed in. Every command to a
-node - preflight probe, code-sync check, setup, node wrapper, monitor agent - shares one
-SSH connection per node (`job_runners`): the launch pays one handshake, like a
+`start` is the whole launch path; the CLIs only parse flags into a JobSpec and a
+ClusterSpec (this machine alone is the `local` backend, a cluster.yaml or --hosts the
+`ssh` one). Side effects (output stream, registry) are passed in. Every command to a node
+- address lookup, preflight probe, code-sync check, setup, node wrapper, monitor agent -
+shares one connection per node (`job_runners`): the launch pays one handshake, like a
 hand-written `ssh node torchrun ...`, not one per step.
 """
 
@@ -11,14 +13,19 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
+from dtrain.cluster.runner import close_job_runners, job_runners, with_addresses
 from dtrain.errors import ExitStatus, JobFailed, PreflightError
 from dtrain.jobs import secrets
-from dtrain.jobs.registry import JobRegistry, new_job_id
-from dtrain.launch.plan import LaunchPlan, build_plan, node_command, remove_sync_marker, render
+from dtrain.jobs.registry import JobRegistry, JobState, new_job_id
+from dtrain.launch.plan import Facts, LaunchPlan, build_plan, node_command, render
+from dtrain.launch.prepare import prepare_nodes
 from dtrain.launch.spec import JobSpec
+from dtrain.launch.supervisor import spawn, supervise, write_job_file
+from dtrain.launch.sync import can_mark, for_plan
 from dtrain.paths import job_dir
 
 
@@ -52,17 +59,16 @@ def preflight(cluster, job: JobSpec, out: TextIO, timeout: float = 30.0, runners
     return report
 
 
-def job_runners(cluster, job_id: str | None) -> tuple[dict, str | None]:
-    """One runner per node; with a job id, every command to a node shares one connection
-    (closed by `dtrain.cluster.ssh.close_connections(directory)` when the job is over)."""
-    from dtrain.cluster.runner import runner_for
-
-    directory = None
-    if job_id and any(not n.is_local for n in cluster.nodes):
-        from dtrain.cluster.ssh import job_connections
-
-        directory = job_connections(job_id)
-    return {n.name: runner_for(n, cluster).share_connection(directory) for n in cluster.nodes}, directory
+def gather_facts(cluster, job: JobSpec, runners: dict, out: TextIO, head_cwd: str, probe: bool) -> Facts:
+    """What the plan needs to know about the nodes: the preflight's findings (GPUs,
+    interface towards the master) when the nodes are probed, and whether the head can
+    mark its directory for the code-sync check."""
+    if not probe:
+        return Facts(can_mark=can_mark(head_cwd))
+    report = preflight(cluster, job, out, runners=runners)
+    return Facts(ifnames={k: v for k, v in report.ifname.items() if v},
+                 gpus={k: v for k, v in report.gpus.items() if v is not None},
+                 can_mark=can_mark(head_cwd))
 
 
 def start(
@@ -75,68 +81,78 @@ def start(
     detach: bool = False,
     registry: JobRegistry | None = None,
     head_cwd: str | None = None,
+    on_job: Callable[[str], None] | None = None,
 ) -> Started:
+    """Plan the job, then print the plan (`dry_run`) or execute it. `on_job` hears the
+    job's id before it is executed (e.g. to tell the user how to watch a local run)."""
     head_cwd = head_cwd or os.getcwd()
-    if dry_run:
-        runners, _ = job_runners(cluster, None)
-        plan = build_plan(job, cluster.nodes, new_job_id(time.time()), head_cwd=head_cwd)
-        local = {}
-        for n in plan.nodes:
-            argv, cwd = node_command(n)
-            local[n.name] = runners[n.name].argv(argv, env=n.env, cwd=cwd)
-        _, values = secrets.split({"plan": plan.to_json()}, job.secret_env)
-        out.write(secrets.mask(render(plan, local), values.values()) + "\n")
-        return Started(plan.job_id, plan, 0)
-
-    registry = registry or JobRegistry()
-    job_id = new_job_id(registry.clock())
-    runners, connections = job_runners(cluster, job_id)
+    if not dry_run:  # a dry run registers nothing
+        registry = registry or JobRegistry()
+    job_id = new_job_id(registry.clock() if registry is not None else time.time())
+    runners = job_runners(cluster, job_id)
     handed_over = False  # to the detached supervisor, which closes the connections itself
-    plan = None
     try:
-        ifnames: dict = {}
-        gpus: dict = {}
-        if run_preflight:
-            report = preflight(cluster, job, out, runners=runners)
-            ifnames = {k: v for k, v in report.ifname.items() if v}
-            gpus = {k: v for k, v in report.gpus.items() if v is not None}
-        plan = build_plan(job, cluster.nodes, job_id, head_cwd=head_cwd, ifnames=ifnames, gpus=gpus)
-        directory = job_dir(job_id)
-        registry.create(plan.name, [n.name for n in plan.nodes], plan.world_size, directory, job_id=job_id)
-        # This process answers for the job until a supervisor takes over: if it dies while
-        # preparing, readers mark the job failed instead of leaving it pending.
-        registry.set_supervisor(job_id, os.getpid())
-        from dtrain.launch.prepare import prepare_nodes
-        from dtrain.launch.supervisor import spawn, supervise, write_job_file
+        cluster = with_addresses(cluster, runners)
+        facts = gather_facts(cluster, job, runners, out, head_cwd, probe=run_preflight)
+        plan = build_plan(job, cluster.nodes, job_id, head_cwd=head_cwd, facts=facts)
+        if dry_run:
+            via = {}
+            for n in plan.nodes:
+                argv, cwd = node_command(n)
+                via[n.name] = runners[n.name].argv(argv, env=n.env, cwd=cwd)
+            _, values = secrets.split({"plan": plan.to_json()}, job.secret_env)
+            out.write(secrets.mask(render(plan, via), values.values()) + "\n")
+            return Started(job_id, plan, 0)
+        if on_job is not None:
+            on_job(job_id)
+        outcome, pid = _execute(plan, cluster, job, runners, registry, out=out, detach=detach)
+        handed_over = pid is not None
+    finally:
+        if not handed_over:
+            close_job_runners(runners)
+    if pid is not None:
+        return Started(job_id, plan, 0, pid)
+    return _report(job_id, plan, outcome, out)
 
+
+def _execute(plan: LaunchPlan, cluster, job: JobSpec, runners: dict, registry: JobRegistry, *, out: TextIO,
+             detach: bool):
+    """Register the job, prepare the nodes, write job.json (the plan, unchanged) and run
+    it here (-> its Outcome, None) or under a detached supervisor (-> None, its pid)."""
+    job_id = plan.job_id
+    directory = job_dir(job_id)
+    registry.create(plan.name, [n.name for n in plan.nodes], plan.world_size, directory, job_id=job_id)
+    # This process answers for the job until a supervisor takes over: if it dies while
+    # preparing, readers mark the job failed instead of leaving it pending.
+    registry.set_supervisor(job_id, os.getpid())
+    secret_values = write_job_file(directory, plan, cluster, job)
+    sync = for_plan(plan, lambda text: out.write(text + "\n"))
+    handed_over = False  # the detached supervisor's session removes the marker
+    try:
         try:
-            prepare_nodes(plan, cluster, runners, job, out=out)
+            if sync is not None:
+                sync.write()
+            prepare_nodes(plan, cluster, runners, sync, out=out)
         except BaseException as exc:
-            from dtrain.jobs.registry import JobState
-
             if isinstance(exc, KeyboardInterrupt):
                 registry.finish(job_id, JobState.STOPPED, int(ExitStatus.INTERRUPTED), "interrupted while preparing")
             else:
                 registry.finish(job_id, JobState.FAILED, 1, f"preparing the nodes failed: {exc}".splitlines()[0])
             raise
-        # After prepare_nodes, which may change the plan.
-        secret_values = write_job_file(directory, plan, cluster, job)
         if detach:
             pid = spawn(job_id, registry, secret_values)
             handed_over = True
             out.write(f"job {job_id} started in the background (supervisor pid {pid})\n"
                       f"  follow it: dtrain logs {job_id} -f    stop it: dtrain stop {job_id}\n")
-            return Started(job_id, plan, 0, pid)
-
+            return None, pid
         out.write(f"[dtrain] job {job_id}: {len(plan.nodes)} node(s), world size {plan.world_size}\n")
-        outcome = supervise(job_id, out=out, registry=registry, runners=runners, plan=plan)
+        return supervise(job_id, out=out, registry=registry, runners=runners, plan=plan), None
     finally:
-        if not handed_over:
-            from dtrain.cluster.ssh import close_connections
+        if sync is not None and not handed_over:
+            sync.remove()  # (the session removed it already once every node had looked)
 
-            close_connections(connections)
-            if plan is not None:
-                remove_sync_marker(plan)
+
+def _report(job_id: str, plan: LaunchPlan, outcome, out: TextIO) -> Started:
     if outcome.state == "succeeded":
         out.write(outcome.summary(job_id) + "\n")
         return Started(job_id, plan, 0)
@@ -144,5 +160,4 @@ def start(
         out.write(outcome.summary(job_id) + "\n")
         return Started(job_id, plan, int(ExitStatus.INTERRUPTED))
     text = outcome.summary(job_id) if outcome.hang is None else f"job {job_id} failed: {outcome.hang.describe()}"
-    raise JobFailed(text, f"full logs: dtrain logs {job_id}   (or {directory / 'logs'})")
-
+    raise JobFailed(text, f"full logs: dtrain logs {job_id}   (or {job_dir(job_id) / 'logs'})")

@@ -1,6 +1,6 @@
 """Start the monitor's node agents and head collector for a job, best effort.
 
-Monitoring must never stop a job from running: an agent that cannot start (port taken,
+One start-up path for every job, local or not. Monitoring must never stop a job from running: an agent that cannot start (port taken,
 old dtrain on the node) is reported in one line and the job goes on without it.
 The API comes from dtrain.monitor.api (owner: monitor).
 """
@@ -35,7 +35,7 @@ class Monitoring:
         if name not in self._waiting:
             return
         self._waiting.discard(name)
-        node = next(n for n in self.plan.nodes if n.name == name)
+        node = self.plan.node(name)
         try:
             with open_private(self.job_dir / "logs" / f"{node.name}.agent.log", "ab") as log:
                 proc = self.runners[node.name].popen(
@@ -51,7 +51,8 @@ class Monitoring:
             try:
                 from dtrain.monitor.collector import Collector
 
-                self.collector = Collector(self.job_dir, self.endpoints).start()
+                self.collector = Collector(self.job_dir, self.endpoints, job_id=self.plan.job_id,
+                                           on_finding=lambda f: self.say(f"[dtrain] finding: {f.message}")).start()
             except Exception as exc:  # monitoring is optional; the job is not
                 self.say(f"[dtrain] monitoring: collector not started: {exc}")
 

@@ -2,8 +2,9 @@
 
 Each node runs `python -m dtrain.launch.node ... -- python -m torch.distributed.run ...`:
 the node wrapper owns the lifetime of torchrun there (see node.py); torchrun's arguments
-are exactly those of a hand-written launch. The plan is plain data, so `--dry-run` prints
-it and the tests compare it with the argv they expect.
+are exactly those of a hand-written launch. The plan is plain, frozen data: `--dry-run`
+prints it, the real run executes it and stores it unchanged in job.json, and nothing edits
+it once `build_plan` returned it.
 """
 
 from __future__ import annotations
@@ -13,16 +14,27 @@ import shlex
 from dataclasses import asdict, dataclass, field
 
 from dtrain.launch.spec import JobSpec, torchrun_target, uses_dtrain_trainer
+from dtrain.launch.sync import guarded, marker_name, needs_check
 
-SCRATCH_ROOT = "/tmp"
-MARKER_PREFIX = ".dtrain-sync-"  # the code-sync marker the head writes into its directory  # node-local scratch: torchrun's --log-dir and the heartbeat dir
+SCRATCH_ROOT = "/tmp"  # node-local scratch: torchrun's --log-dir and the heartbeat dir
 # The head writes a keep-alive byte to every node every KEEPALIVE s; a node that hears
 # nothing for HEAD_TIMEOUT s (a partition) stops its part of the job by itself.
 KEEPALIVE = 2.0
 HEAD_TIMEOUT = 20.0
 
 
-@dataclass
+@dataclass(frozen=True)
+class Facts:
+    """What the launch found out about the nodes before planning (preflight, the head's
+    directory). A fact left out is decided on the node at launch: no interface here ->
+    the node wrapper picks the one towards the master; no GPU count -> one process."""
+
+    ifnames: dict[str, str] = field(default_factory=dict)  # node -> interface towards the master
+    gpus: dict[str, int] = field(default_factory=dict)  # node -> GPUs detected
+    can_mark: bool = True  # the head can write the code-sync marker into its directory
+
+
+@dataclass(frozen=True)
 class NodeLaunch:
     name: str
     node_rank: int
@@ -34,13 +46,14 @@ class NodeLaunch:
     scratch: str
     agent_argv: list[str] = field(default_factory=list)  # the monitor's node agent, if on
     agent_url: str = ""
-    # Set: the launch itself first checks that the node sees this marker file in `cwd`
-    # (the head's directory, shared); without it nothing starts and the head copies the
-    # code, then launches again (node_command). Empty: no check (see prepare.py).
+    # The code-sync marker this node must see in `cwd` (sync.py); empty: no check. With
+    # `sync_at_launch` the launch command itself checks (one SSH session, not two),
+    # otherwise the check runs before the node's setup commands.
     sync_marker: str = ""
+    sync_at_launch: bool = False
 
 
-@dataclass
+@dataclass(frozen=True)
 class LaunchPlan:
     job_id: str
     name: str
@@ -57,6 +70,9 @@ class LaunchPlan:
     def world_size(self) -> int:
         return sum(n.nproc for n in self.nodes)
 
+    def node(self, name: str) -> NodeLaunch:
+        return next(n for n in self.nodes if n.name == name)
+
     def to_json(self) -> dict:
         return asdict(self)
 
@@ -68,35 +84,21 @@ class LaunchPlan:
         return cls(**data)
 
 
-def build_plan(
-    job: JobSpec,
-    nodes: list,
-    job_id: str,
-    *,
-    head_cwd: str,
-    ifnames: dict[str, str] | None = None,
-    gpus: dict[str, int] | None = None,
-) -> LaunchPlan:
-    """`nodes`: the cluster's NodeSpecs in rank order (node 0 hosts the master/rendezvous).
-
-    `ifnames` / `gpus`: what the preflight found per node (interface towards the master,
-    GPU count); either may be missing, then the wrapper detects the interface itself.
-    """
-    ifnames = ifnames or {}
-    gpus = gpus or {}
+def build_plan(job: JobSpec, nodes: list, job_id: str, *, head_cwd: str, facts: Facts | None = None) -> LaunchPlan:
+    """The one place a job becomes commands. `nodes`: the cluster's NodeSpecs in rank
+    order (node 0 hosts the master/rendezvous), their addresses already resolved."""
+    facts = facts or Facts()
     lo, hi = job.nnodes_range(len(nodes))
     master = nodes[0].reach_address
     addrs = [n.reach_address for n in nodes]
-    plan = LaunchPlan(
-        job_id=job_id, name=job.display_name(), rdzv=job.rdzv, master_addr=master,
-        master_port=job.port, nnodes=(lo, hi), hang_timeout=job.hang_timeout, grace=job.grace,
-    )
+    marker = marker_name(job_id) if job.sync == "auto" and facts.can_mark else ""
     target = torchrun_target(job.command)
+    launches = []
     for rank, node in enumerate(nodes):
-        n_gpus = node.gpus if node.gpus is not None else gpus.get(node.name)
+        n_gpus = node.gpus if node.gpus is not None else facts.gpus.get(node.name)
         nproc = job.nproc_per_node or n_gpus or 1
         scratch = f"{SCRATCH_ROOT}/dtrain-{job_id}-{node.name}"
-        torchrun = [node.python, "-m", "torch.distributed.run", *_rdzv_args(job, plan, rank, addrs[rank])]
+        torchrun = [node.python, "-m", "torch.distributed.run", *_rdzv_args(job, (lo, hi), job_id, master, rank, addrs[rank])]
         torchrun += [
             "--nproc-per-node", str(nproc),
             "--tee", "3",
@@ -109,74 +111,56 @@ def build_plan(
             "--job", job_id, "--node", node.name, "--master", master,
             "--scratch", scratch, "--grace", str(job.grace), "--head-timeout", str(HEAD_TIMEOUT), "--",
         ]
-        env = _node_env(job, node, rank, nodes, addrs, job_id, scratch, ifnames.get(node.name))
-        launch = NodeLaunch(
-            name=node.name, node_rank=rank, nproc=nproc, address=addrs[rank],
-            argv=wrapper + torchrun, env=env, cwd=node.workdir or head_cwd, scratch=scratch,
-        )
+        env = _node_env(job, node, rank, nodes, addrs, job_id, scratch, facts.ifnames.get(node.name))
+        cwd = node.workdir or head_cwd
+        agent: dict = {}
         if job.monitor:
-            _add_agent(launch, job, node, job_id)
-        if _checks_sync_at_launch(job, node, launch.cwd, head_cwd):
-            launch.sync_marker = f"{MARKER_PREFIX}{job_id}"
-            plan.sync_root = head_cwd
-        plan.nodes.append(launch)
-    return plan
-
-
-def _checks_sync_at_launch(job: JobSpec, node, cwd: str | None, head_cwd: str) -> bool:
-    """Whether the node's launch checks for the code itself (one SSH session, not two).
-
-    Not for a local node in the head's own directory (nothing to check), and not for a
-    node with setup commands: those run before the launch, after any copy, so that
-    node's check stays in prepare_nodes."""
-    if job.sync != "auto" or not cwd or node.setup:
-        return False
-    if node.is_local:
-        from pathlib import Path
-
-        return Path(cwd).expanduser().resolve() != Path(head_cwd).resolve()
-    return True
-
-
-# Run by the node's login shell before the wrapper: `~` is the node user's home; a
-# missing directory or marker prints MARK {"sync": "missing"} and starts nothing.
-_SYNC_GUARD = ('d=$1; case $d in "~") d=$HOME;; "~/"*) d=$HOME/${d#"~/"};; esac; '
-               'cd "$d" 2>/dev/null && test -f "$2" || { printf "%s\\n" "$3"; exit 0; }; shift 3; exec "$@"')
-SYNC_MISSING = {"sync": "missing"}
+            agent = _agent(job, node, rank, addrs[rank], job_id)
+            env.update(agent.pop("env"))
+        checked = bool(marker) and needs_check(node, cwd, head_cwd)
+        launches.append(NodeLaunch(
+            name=node.name, node_rank=rank, nproc=nproc, address=addrs[rank],
+            argv=wrapper + torchrun, env=env, cwd=cwd, scratch=scratch, **agent,
+            sync_marker=marker if checked else "",
+            # A node with setup commands is checked before they run (they may need the code).
+            sync_at_launch=checked and not node.setup,
+        ))
+    return LaunchPlan(
+        job_id=job_id, name=job.display_name(), rdzv=job.rdzv, master_addr=master, master_port=job.port,
+        nnodes=(lo, hi), nodes=launches, hang_timeout=job.hang_timeout, grace=job.grace,
+        sync_root=head_cwd if any(n.sync_marker for n in launches) else "",
+    )
 
 
 def node_command(launch: NodeLaunch, *, check_sync: bool = True) -> tuple[list[str], str | None]:
     """(argv, cwd) to hand the node's runner: the wrapper, behind the code-sync check
     when the launch carries one."""
-    if not (check_sync and launch.sync_marker):
+    if not (check_sync and launch.sync_at_launch):
         return launch.argv, launch.cwd
-    from dtrain.launch.node import MARK
-
-    missing = MARK + json.dumps(SYNC_MISSING)
-    return ["sh", "-c", _SYNC_GUARD, "sh", launch.cwd or ".", launch.sync_marker, missing, *launch.argv], None
+    return guarded(launch.argv, launch.cwd, launch.sync_marker), None
 
 
-def _add_agent(launch: NodeLaunch, job: JobSpec, node, job_id: str) -> None:
+def _agent(job: JobSpec, node, rank: int, address: str, job_id: str) -> dict:
     from dtrain.monitor.api import agent_argv, agent_env, agent_url
 
-    port = job.monitor_port + (launch.node_rank if node.is_local else 0)
-    launch.agent_argv = agent_argv(job_id, node.name, launch.address, port, node.python)
-    launch.agent_url = agent_url(launch.address, port)
-    launch.env.update(agent_env(port))
+    port = job.monitor_port + (rank if node.is_local else 0)
+    return {"agent_argv": agent_argv(job_id, node.name, address, port, node.python),
+            "agent_url": agent_url(address, port), "env": agent_env(port)}
 
 
-def _rdzv_args(job: JobSpec, plan: LaunchPlan, rank: int, own_addr: str) -> list[str]:
-    lo, hi = plan.nnodes
+def _rdzv_args(job: JobSpec, nnodes: tuple[int, int], job_id: str, master: str, rank: int,
+               own_addr: str) -> list[str]:
+    lo, hi = nnodes
     if job.rdzv == "static":
         return [
             "--nnodes", str(hi), "--node-rank", str(rank),
-            "--master-addr", plan.master_addr, "--master-port", str(plan.master_port),
+            "--master-addr", master, "--master-port", str(job.port),
         ]
     # is_host is explicit: torch guesses it from the hostname, which is wrong wherever the
     # hostname does not resolve to the node's cluster address (namespaces, multi-NIC hosts).
     return [
         "--nnodes", f"{lo}:{hi}", "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", f"{plan.master_addr}:{plan.master_port}", "--rdzv-id", plan.job_id,
+        "--rdzv-endpoint", f"{master}:{job.port}", "--rdzv-id", job_id,
         "--rdzv-conf", f"is_host={'true' if rank == 0 else 'false'}",
         "--local-addr", own_addr, "--max-restarts", str(job.max_restarts),
     ]
@@ -208,17 +192,6 @@ def _node_env(job, node, rank, nodes, addrs, job_id, scratch, ifname) -> dict[st
     return env
 
 
-def remove_sync_marker(plan: LaunchPlan) -> None:
-    """Remove the marker the nodes' launches look for (once they all have looked)."""
-    from pathlib import Path
-
-    for marker in {n.sync_marker for n in plan.nodes if n.sync_marker}:
-        try:
-            (Path(plan.sync_root) / marker).unlink(missing_ok=True)
-        except OSError:
-            pass
-
-
 def render(plan: LaunchPlan, local_argv: dict[str, list[str]] | None = None) -> str:
     """The dry-run text: per node, its environment and the exact command line."""
     lines = [
@@ -231,6 +204,11 @@ def render(plan: LaunchPlan, local_argv: dict[str, list[str]] | None = None) -> 
         for key in sorted(n.env):
             lines.append(f"  env: {key}={shlex.quote(n.env[key])}")
         lines.append(f"  run: {shlex.join(n.argv)}")
+        if "GLOO_SOCKET_IFNAME" not in n.env:
+            lines.append("  decided at launch: the network interface towards the master (the node wrapper picks it)")
+        if n.sync_marker:
+            when = "by the launch itself" if n.sync_at_launch else "before its setup commands"
+            lines.append(f"  decided at launch: whether the code is copied (checked {when}: {n.sync_marker} in cwd)")
         if n.agent_argv:
             lines.append(f"  agent: {shlex.join(n.agent_argv)}")
         if local_argv and n.name in local_argv:

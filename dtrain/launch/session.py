@@ -29,8 +29,9 @@ from typing import TextIO
 
 from dtrain.launch.monitoring import Monitoring
 from dtrain.launch.node import MARK
-from dtrain.launch.plan import KEEPALIVE, SYNC_MISSING, LaunchPlan, node_command, remove_sync_marker
+from dtrain.launch.plan import KEEPALIVE, LaunchPlan, node_command
 from dtrain.launch.summary import NodeEnd, RootCause, root_cause
+from dtrain.launch.sync import SYNC_MISSING, for_plan
 from dtrain.launch.watchdog import Hang, Watchdog
 from dtrain.paths import open_private, private_dir
 
@@ -98,10 +99,10 @@ class JobSession:
         self.first_output_at: float | None = None
         self._next_keepalive = 0.0
         # Code sync checked by the launches themselves (plan.node_command): the nodes yet
-        # to look for the marker, the nodes the code was copied to, the shared listing.
-        self._to_look = {n.name for n in plan.nodes if n.sync_marker}
+        # to look for the marker, the nodes the code was copied to.
+        self.sync = for_plan(plan, self._say)
+        self._to_look = {n.name for n in plan.nodes if n.sync_at_launch}
         self._synced: set[str] = set()
-        self._listing = None
 
     # -- control from outside (signal handlers, `dtrain stop`) --------------------------
 
@@ -127,7 +128,8 @@ class JobSession:
             for node in self.nodes.values():
                 node.log.close()
             self.combined.close()
-            self._remove_marker()
+            if self.sync is not None:
+                self.sync.remove()
 
     def _start(self, launch, logs: Path) -> None:
         runner = self.runners[launch.name]
@@ -182,19 +184,12 @@ class JobSession:
         has, the marker goes."""
         if name in self._to_look:
             self._to_look.discard(name)
-            if not self._to_look:
-                self._remove_marker()
-
-    def _remove_marker(self) -> None:
-        remove_sync_marker(self.plan)
+            if not self._to_look and self.sync is not None:
+                self.sync.remove()
 
     def _copy_then_launch(self, node: _Node) -> None:
         """Copy the code in the background (the loop goes on), then launch again."""
         if node.copy is None:
-            if self._listing is None:
-                from dtrain.launch.prepare import Listing
-
-                self._listing = Listing(Path(self.plan.sync_root), self._say)
             node.copy = threading.Thread(target=self._copy, args=(node,), daemon=True)
             node.copy.start()
             return
@@ -207,16 +202,14 @@ class JobSession:
             node.end.add(None, node.copy_error)
             self._say(f"[dtrain] {node.copy_error}")
             return  # the loop ends the node as failed
-        self._say(f"[dtrain] code copied to {name} ({len(self._listing.files())} files)")
+        self._say(f"[dtrain] code copied to {name} ({len(self.sync.files())} files)")
         self._synced.add(name)
         node.log.close()
         self._start(node.launch, self.job_dir / "logs")
 
     def _copy(self, node: _Node) -> None:
-        from dtrain.launch.prepare import copy_tree
-
         try:
-            copy_tree(self.runners[node.launch.name], self._listing.root, self._listing.files(), node.launch.cwd)
+            self.sync.copy_to(self.runners[node.launch.name], node.launch.cwd)
         except Exception as exc:  # reported as the node's failure
             node.copy_error = f"copying the code to {node.launch.name} failed: {exc}".splitlines()[0]
 

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
+from dtrain.cluster.runner import close_job_runners, job_runners
 from dtrain.jobs import secrets
 from dtrain.jobs.registry import JobRegistry, JobState
 from dtrain.launch.plan import LaunchPlan
@@ -68,19 +69,14 @@ def supervise(job_id: str, *, out: TextIO, registry: JobRegistry | None = None,
     job file (its secret values come in `secret_values`) and opens - and closes - its own."""
     registry = registry or JobRegistry()
     directory = job_dir(job_id)
-    connections = None
-    if runners is None or plan is None:
-        from dtrain.launch.launcher import job_runners
-
-        plan, cluster, _ = read_job_file(directory, secret_values)
-        runners, connections = job_runners(cluster, job_id)
+    if runners is not None and plan is not None:
+        return _supervise(job_id, plan, runners, directory, out=out, registry=registry)
+    plan, cluster, _ = read_job_file(directory, secret_values)
+    runners = job_runners(cluster, job_id)
     try:
         return _supervise(job_id, plan, runners, directory, out=out, registry=registry)
     finally:
-        if connections:
-            from dtrain.cluster.ssh import close_connections
-
-            close_connections(connections)
+        close_job_runners(runners)
 
 
 def _supervise(job_id: str, plan: LaunchPlan, runners: dict, directory: Path, *, out: TextIO,

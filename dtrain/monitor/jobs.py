@@ -48,7 +48,8 @@ def _from_record(rec: Any) -> JobInfo:
 
 
 def _from_dir(path: Path) -> JobInfo:
-    """A job directory the registry does not know (copied, or a local run)."""
+    """A job directory the registry does not know (copied off another head): its name
+    from job.json's plan; its state is the registry's, unknown here."""
     meta: dict[str, Any] = {}
     job_json = path / "job.json"
     if job_json.is_file():
@@ -56,7 +57,7 @@ def _from_dir(path: Path) -> JobInfo:
             meta = json.loads(job_json.read_text())
         except (OSError, ValueError):
             meta = {}
-    return JobInfo(id=path.name, dir=path, name=str(meta.get("name", "")), state=str(meta.get("state", "unknown")))
+    return JobInfo(id=path.name, dir=path, name=str((meta.get("plan") or {}).get("name", "")))
 
 
 def list_jobs() -> list[JobInfo]:

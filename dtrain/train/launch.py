@@ -1,21 +1,21 @@
-"""`dtrain train --nproc N`: N local ranks through torch's own elastic launcher.
+"""`dtrain train --nproc N` and the quickstart: N ranks on this machine, launched like any
+cluster job (`dtrain.launch.launcher.start` on the `local` backend).
 
-The workers are `python -m dtrain.train CONFIG ...` subprocesses started by
-`torch.distributed.launcher.api.elastic_launch` with a standalone c10d rendezvous on
-localhost (what `torchrun --standalone` does), so each one sees exactly the environment
-torchrun would give it, plus dtrain's own variables (DESIGN.md's environment contract).
+So a local run gets what a cluster job gets: a registry row and a job directory
+(`dtrain jobs / status / logs / stop`), the node agent and collector (`dtrain top /
+report / dashboard`), fail-fast and the root-cause summary. Its data is checked here,
+once, before any rank is spawned: a missing data root or an empty split is one error
+line, not a traceback from every rank.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
+import socket
 import sys
-import time
-from collections.abc import Iterator
+from typing import Callable, TextIO
 
-from dtrain.errors import JobFailed
+from dtrain.errors import DtrainError
 
 
 def default_nproc() -> int:
@@ -29,8 +29,23 @@ def default_nproc() -> int:
     return max(1, min(2, cpu_count()))
 
 
-def worker_argv(config: str | None, overrides: list[str], resume: bool) -> list[str]:
-    argv = ["-m", "dtrain.train"]
+def check_data(config: str | None, overrides: list[str]) -> None:
+    """The training split must exist and hold images (local layouts; remote shards are
+    the ranks' to open). Raises DtrainError, before anything is launched."""
+    from dtrain.configio import load_config
+    from dtrain.data.layouts import scan
+    from dtrain.train.config import TrainConfig
+
+    data = load_config(TrainConfig, config, overrides).data
+    if data.layout == "shards" or "://" in data.root:
+        return
+    if not scan(data, data.train_split).paths:
+        raise DtrainError(f"the training split '{data.train_split}' of {data.root} holds no images",
+                          f"put the images in {data.root}/{data.train_split}/<class>/, or point data.root elsewhere")
+
+
+def train_command(config: str | None, overrides: list[str], resume: bool) -> list[str]:
+    argv = ["dtrain", "train"]
     if config:
         argv.append(str(config))
     for item in overrides:
@@ -40,79 +55,38 @@ def worker_argv(config: str | None, overrides: list[str], resume: bool) -> list[
     return argv
 
 
-@contextlib.contextmanager
-def watched(job_id: str, nproc: int, enabled: bool) -> Iterator[dict[str, str]]:
-    """The node agent and collector for a local run (as `dtrain run` starts on every node):
-    metrics go to `$DTRAIN_HOME/jobs/<job_id>/`, where `dtrain top / report / dashboard`
-    find them. Yields the environment the ranks need; best effort, like on a cluster."""
-    if not enabled:
-        yield {}
-        return
-    from dtrain.monitor.local import monitored
-    from dtrain.paths import job_dir, write_text_atomic
-
-    directory = job_dir(job_id)
-    directory.mkdir(parents=True, exist_ok=True)
-    meta = {"id": job_id, "name": "dtrain train (local)", "nodes": ["local"], "world_size": nproc,
-            "state": "running", "started": time.time()}  # fmt: skip
-    write_text_atomic(directory / "job.json", json.dumps(meta, indent=1))
-    say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    say(f"[dtrain] monitoring job {job_id}: `dtrain top {job_id}` live, `dtrain report {job_id}` afterwards")
-    state = "failed"
-    try:
-        with monitored(directory, job_id, say=say) as env:
-            yield env
-        state = "succeeded"
-    except KeyboardInterrupt:
-        state = "stopped"
-        raise
-    finally:
-        write_text_atomic(directory / "job.json", json.dumps({**meta, "state": state, "ended": time.time()}, indent=1))
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-def launch_local(config: str | None, overrides: list[str], resume: bool, nproc: int, *, max_restarts: int = 0,
-                 monitor: bool = True) -> None:  # fmt: skip
-    """Run N ranks on this machine; raises JobFailed naming the first rank that failed."""
-    from dtrain.jobs.registry import new_job_id
+def launch_local(config: str | None, overrides: list[str], resume: bool, nproc: int, *, monitor: bool = True,
+                 out: TextIO = sys.stderr, on_job: Callable[[str], None] | None = None) -> int:
+    """Run N ranks on this machine as one job; returns its exit status (0, or 130 when
+    stopped) and raises JobFailed naming the first rank that failed."""
+    from dtrain.cluster.spec import cluster_from_args
+    from dtrain.launch.launcher import start
+    from dtrain.launch.spec import JobSpec
 
-    # Under `dtrain run` the job has an id and its node already has an agent.
-    own_job = "DTRAIN_JOB_ID" not in os.environ
-    run_id = os.environ.get("DTRAIN_JOB_ID") or new_job_id(time.time())
-    with watched(run_id, nproc, monitor and own_job) as env:
-        os.environ.update(env)
-        _elastic(config, overrides, resume, nproc, run_id, max_restarts)
-
-
-def _elastic(config: str | None, overrides: list[str], resume: bool, nproc: int, run_id: str, max_restarts: int) -> None:
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    # Variables the workers inherit; a dtrain multi-node launch sets them itself.
-    for key, value in {
-        "DTRAIN_JOB_ID": run_id,
-        "DTRAIN_NODE_RANK": "0",
-        "DTRAIN_NUM_NODES": "1",
-        "DTRAIN_NODE_ADDRS": "127.0.0.1",
-        # Each rank sets its own thread count; this only stops torch's launcher warning.
-        "OMP_NUM_THREADS": "1",
-    }.items():
-        os.environ.setdefault(key, value)
-    config_ = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=run_id,
-        rdzv_backend="c10d",
-        rdzv_endpoint="127.0.0.1:0",  # port 0: a free port, as torchrun --standalone
-        max_restarts=max_restarts,
-        monitor_interval=0.5,
-        start_method="spawn",
+    check_data(config, overrides)
+    job = JobSpec(
+        name="train", command=train_command(config, overrides, resume), nproc_per_node=nproc,
+        # Free ports, as torchrun --standalone picks: several local runs side by side.
+        port=_free_port(), monitor=monitor, monitor_port=_free_port(),
+        # Each rank sets its own thread count; this only stops torchrun's warning.
+        env={} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": "1"},
     )
-    try:
-        elastic_launch(config_, sys.executable)(*worker_argv(config, overrides, resume))
-    except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
-        raise JobFailed(
-            f"training rank {rank} exited with code {failure.exitcode} ({nproc} ranks on this machine)",
-            "the rank's own error is printed above; fix it and rerun (add --resume to continue from the last checkpoint)",
-        ) from None
+    cluster = cluster_from_args(None, None, default_local=True)
+    return start(job, cluster, out=out, run_preflight=False, on_job=on_job).exit_status
+
+
+def say_job(monitor: bool, stream: TextIO = sys.stderr) -> Callable[[str], None]:
+    """What the user is told once a local run has its job id: how to watch it."""
+
+    def say(job_id: str) -> None:
+        head = (f"[dtrain] monitoring job {job_id}: `dtrain top {job_id}` live, `dtrain report {job_id}` afterwards;"
+                if monitor else f"[dtrain] job {job_id}:")
+        print(f"{head} `dtrain logs {job_id}`, `dtrain stop {job_id}`", file=stream, flush=True)
+
+    return say
