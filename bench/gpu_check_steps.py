@@ -38,8 +38,8 @@ IMPORT_NAMES = {"PyYAML": "yaml", "pillow": "PIL", "nvidia-ml-py": "pynvml", "pr
 # "Training performance results" (pytorch-21.03 NGC container). No H100/H200 figure is
 # published there; Hopper cards are compared with the A100 one (the class below them).
 REFERENCE = {
-    "A100": (2470, "A100 80GB mixed precision 2470 img/s (TF32 938)"),
-    "V100": (1200, "V100 16GB mixed precision 1200 img/s (FP32 367)"),
+    "A100": (2470, "A100 80GB, mixed precision 2470 img/s (TF32 938)"),
+    "V100": (1200, "V100 16GB, mixed precision 1200 img/s (FP32 367)"),
 }
 REFERENCE_SOURCE = "NVIDIA DeepLearningExamples resnet50v1.5 README, 1 GPU, batch 256"
 
@@ -295,8 +295,9 @@ def throughput(d: Path, device: str, gpu_name: str, tp: dict, tp_dtrain: dict) -
     data = synth(d / f"data-{tp['images']}-{tp['size']}", tp["images"], tp["size"])
     steps, gb, arch = tp["steps"] + tp["warmup"], tp["batch"], tp_dtrain["model.arch"]
     r: dict[str, Any] = {"result": "partial", "settings": {**tp, **tp_dtrain}, "reference_source": REFERENCE_SOURCE}
-    ref = next((v for k, v in REFERENCE.items() if k in gpu_name), REFERENCE["A100"])
-    r["reference_images_per_s"], r["reference"] = ref
+    ref_class = next((k for k in REFERENCE if k in gpu_name), "A100")
+    r["reference_class"] = ref_class
+    r["reference_images_per_s"], r["reference"] = REFERENCE[ref_class]
 
     def record(key: str, log: list[dict]) -> None:
         r[key] = round(tt.steady_rate(log, tp["warmup"], gb), 1)
@@ -316,11 +317,11 @@ def throughput(d: Path, device: str, gpu_name: str, tp: dict, tp_dtrain: dict) -
 
 def _tp_figure(r: dict) -> str:
     parts = [f"tutorial fp32 {r['baseline_fp32']:.0f}"]
-    for c in ("false", "true"):
+    for c, label in (("false", "dtrain bf16"), ("true", "compiled")):
         if f"dtrain_compile_{c}" in r:
             v = r[f"dtrain_compile_{c}"]
-            parts.append(f"dtrain bf16{' compiled' if c == 'true' else ''} {v:.0f} ({v / r['baseline_fp32']:.1f}x)")
-    return "img/s: " + ", ".join(parts) + f"; ref {r['reference']}"
+            parts.append(f"{label} {v:.0f} ({v / r['baseline_fp32']:.1f}x)")
+    return "img/s: " + ", ".join(parts) + f"; published {r['reference_class']} {r['reference_images_per_s']}"
 
 
 # ---- 5. monitoring -----------------------------------------------------------------------------------
