@@ -52,12 +52,12 @@ class Step:
 
 
 PLAN = (
-    Step("env", 25, "nvidia-smi, torch/CUDA/NCCL versions, GPU, dtrain's dependencies"),
-    Step("quickstart", 120, "dtrain quickstart on the GPU: bf16, wall time, images/s, targets"),
-    Step("ddp", 90, "DDP equivalence, 2 ranks on 1 GPU (NCCL, else gloo+CUDA) vs 1 process"),
-    Step("throughput", 160, "ResNet-50 224 px: dtrain bf16 (compile off/on) vs tutorial fp32 loop"),
-    Step("monitor", 90, "agent during training: GPU metrics in /metrics + report; idle-GPU rule"),
-    Step("export", 70, "dtrain export + inspect on GPU backends vs a naive loop"),
+    Step("env", 30, "nvidia-smi, torch/CUDA/NCCL versions, GPU, dtrain's dependencies"),
+    Step("quickstart", 105, "dtrain quickstart on the GPU: bf16, wall time, images/s, targets"),
+    Step("ddp", 80, "DDP equivalence, 2 ranks on 1 GPU (NCCL, else gloo+CUDA) vs 1 process"),
+    Step("throughput", 190, "ResNet-50 224 px: dtrain bf16 (compile off/on) vs tutorial fp32 loop"),
+    Step("monitor", 85, "agent during training: GPU metrics in /metrics + report; idle-GPU rule"),
+    Step("export", 65, "dtrain export + inspect on GPU backends vs a naive loop"),
 )
 BY_NAME = {s.name: s for s in PLAN}
 # A limit this short cannot finish any step: the step is reported as skipped.

@@ -125,7 +125,7 @@ def step_env(work: Path, dry: bool) -> dict:
     needed_missing = [d for d in missing if d not in NOT_CHECKED]
     print("packages:", json.dumps(versions, indent=1))
 
-    code, smi = sh(["nvidia-smi"]) if _which("nvidia-smi") else (None, "nvidia-smi not on PATH")
+    code, smi = sh(["nvidia-smi"], timeout=15) if _which("nvidia-smi") else (None, "nvidia-smi not on PATH")
     facts["nvidia_smi"] = smi if code == 0 else f"unavailable: {smi.strip()[-200:]}"
     import torch
 
@@ -134,7 +134,7 @@ def step_env(work: Path, dry: bool) -> dict:
         p = torch.cuda.get_device_properties(0)
         facts.update(gpus=torch.cuda.device_count(), gpu=p.name, memory_gib=round(p.total_memory / 2**30, 1),
                      capability=f"{p.major}.{p.minor}", sms=p.multi_processor_count,
-                     bf16=torch.cuda.is_bf16_supported(), nccl=".".join(map(str, torch.cuda.nccl.version())))  # fmt: skip
+                     bf16=torch.cuda.is_bf16_supported(), nccl=_dotted(torch.cuda.nccl.version()))  # fmt: skip
     try:
         import onnxruntime as ort
 
@@ -150,6 +150,10 @@ def step_env(work: Path, dry: bool) -> dict:
     figure = (f"{facts['gpus']}x {facts['gpu']} sm{facts['capability']} {facts['memory_gib']} GiB; torch {torch.__version__} "
               f"CUDA {facts['cuda']} NCCL {facts['nccl']}")  # fmt: skip
     return {"result": "pass", **facts, "figure": figure}
+
+
+def _dotted(version: Any) -> str:
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)  # older torch: an int
 
 
 def _has_dist(name: str) -> bool:
@@ -326,7 +330,7 @@ def _tp_figure(r: dict) -> str:
 
 # ---- 5. monitoring -----------------------------------------------------------------------------------
 
-MON_TRAIN_S, MON_IDLE_S = 45.0, 20.0
+MON_TRAIN_S, MON_IDLE_S = 40.0, 20.0
 GPU_FAMILIES = ("dtrain_gpu_utilization_ratio", "dtrain_gpu_memory_used_bytes", "dtrain_gpu_power_watts",
                 "dtrain_gpu_temperature_celsius", "dtrain_gpu_sm_clock_hertz")  # fmt: skip
 
@@ -378,7 +382,8 @@ def monitor(work: Path, gpu: bool, train_s: float, idle_s: float) -> dict:
             data = synth(work / "monitor" / "data", 1200, 64)
         argv = [PY, "-m", "dtrain.train", *settings(data__root=data, model__arch="resnet18", batch_size=256, epochs=1000,
                                                       val_every_epoch="false", output_dir=work / "monitor" / "train",
-                                                      checkpoint_every=1000, data__cache_decoded="true")]  # fmt: skip
+                                                      checkpoint_every=1000, data__cache_decoded="true",
+                                                      data__num_workers=6)]  # fmt: skip
         print("$", " ".join(map(str, argv)), flush=True)
         trainer = subprocess.Popen(list(map(str, argv)), cwd=REPO, env={**os.environ, **env})
         t_end = time.monotonic() + train_s
