@@ -25,6 +25,11 @@ ends with the summary table; exit status 1 when a step failed.
 --dry-run (for a machine without a GPU): the steps run only what needs no GPU (the
 environment facts, the DDP-equivalence check on CPU with gloo, the agent's /metrics)
 and report "no GPU" for the rest.
+
+On a lent GPU machine of this workplace (no network, python3 without pydantic): run
+bench/gpu_check_wheels.sh in the checkout that travels, then one call,
+run(command="bench/gpu_check.sh", carry=[".whl"], timeout_s=600); its OUT brings back
+the 8 files above and the reply's output tail ends with the table.
 """
 
 from __future__ import annotations
