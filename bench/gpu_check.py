@@ -79,8 +79,7 @@ def run_step(step: Step, limit_s: float, out: Path, work: Path, dry_run: bool) -
     result_path = step_work / "result.json"
     result_path.unlink(missing_ok=True)
     argv = [sys.executable, str(STEPS_PY), step.name, "--work", str(work)] + (["--dry-run"] if dry_run else [])
-    env = dict(os.environ, PYTHONUNBUFFERED="1", DTRAIN_HOME=str(work / "dtrain-home"),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))  # fmt: skip
+    env = dict(os.environ, PYTHONUNBUFFERED="1", DTRAIN_HOME=str(work / "dtrain-home"))
     t0 = time.monotonic()
     with open(out / f"{step.name}.log", "wb") as log:
         proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

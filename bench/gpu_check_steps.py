@@ -145,7 +145,12 @@ def step_env(work: Path, dry: bool) -> dict:
     if needed_missing:
         return {"result": "FAIL", **facts,
                 "figure": f"missing {', '.join(needed_missing)}: carry wheels (bench/gpu_check_wheels.sh)"}  # fmt: skip
+    import dtrain.cli.app  # noqa: F401  (every command's module-level imports)
+
     if not cuda_ready():
+        if code == 0 and not dry:  # the driver sees a GPU, this torch does not
+            return {"result": "FAIL", **facts, "figure": f"nvidia-smi sees a GPU, torch {torch.__version__} "
+                                                        f"(CUDA {torch.version.cuda}) does not: driver/toolkit mismatch?"}  # fmt: skip
         return {"result": "pass", **facts, "figure": f"no GPU visible; torch {torch.__version__}, dtrain imports"}
     figure = (f"{facts['gpus']}x {facts['gpu']} sm{facts['capability']} {facts['memory_gib']} GiB; torch {torch.__version__} "
               f"CUDA {facts['cuda']} NCCL {facts['nccl']}")  # fmt: skip
@@ -219,7 +224,6 @@ def step_ddp(work: Path, dry: bool) -> dict:
     """2 ranks x batch 8 == 1 process x batch 16 after 4 SGD steps (see the test's docstring
     for why), here with the model on the GPU. TF32 is switched off (NVIDIA_TF32_OVERRIDE)
     so that both runs compute in fp32 and only the summation order differs."""
-    sys.path.insert(0, str(REPO))
     from tests.test_train_ddp import _fresh_weights, final_state, max_diff, write_config
 
     gpu = cuda_ready() and not dry
@@ -500,6 +504,9 @@ STEPS: dict[str, Callable[[Path, bool], dict]] = {
 
 
 def main() -> int:
+    # dtrain from this checkout, here and in every process a step starts.
+    sys.path.insert(0, str(REPO))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     if len(sys.argv) > 1 and sys.argv[1] == "gloo-rank":
         return gloo_rank(sys.argv[2:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
