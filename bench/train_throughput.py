@@ -1,6 +1,7 @@
 """Training throughput: the dtrain trainer vs a plain hand-written DDP loop, same run.
 
     python bench/train_throughput.py [--images 1200] [--size 64] [--batch 32] [--steps 20]
+    python bench/train_throughput.py --arch resnet50 --size 224 --device cuda --nproc 1   # on a GPU
 
 Both sides train ResNet-18 (random init) on the same synthetic defect images, world
 size 2 on gloo, per-rank batch `--batch`, AdamW lr 2e-3. The baseline is the pattern of
@@ -9,6 +10,9 @@ Resize/ToTensor/Normalize, a default `DataLoader` with a `DistributedSampler`, f
 NCHW, torch's default thread count. dtrain runs `dtrain train --nproc 2` with its
 defaults (uint8 pipeline in workers, normalisation + channels_last on the device, one
 intra-op thread per rank, precision auto = fp32 on this CPU).
+
+On a GPU (`--device cuda`) the baseline is the tutorial's GPU form (NCCL, one GPU per
+rank, fp32) and dtrain picks the GPU itself (precision auto = bf16 where supported).
 
 Images/s is the steady state: steps after the first `--warmup` ones, timed by rank 0 of
 each side from its own step timestamps. Also printed: wall time including start-up.
@@ -33,7 +37,8 @@ LR = 2e-3
 # ---- baseline: the DDP tutorial pattern ------------------------------------------------
 
 
-def baseline_worker(rank: int, world: int, port: int, data: str, size: int, batch: int, steps: int, out: str) -> None:
+def baseline_worker(rank: int, world: int, port: int, data: str, size: int, batch: int, steps: int, out: str,
+                    arch: str = "resnet18", device: str = "cpu") -> None:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -43,7 +48,12 @@ def baseline_worker(rank: int, world: int, port: int, data: str, size: int, batc
     from torchvision import transforms
 
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # The tutorial's GPU form: NCCL, one GPU per rank, model and batches moved to it.
+    cuda = device == "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+    dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(dev)
     torch.manual_seed(0)
     tf = transforms.Compose([
         transforms.Resize((size, size)),
@@ -53,13 +63,15 @@ def baseline_worker(rank: int, world: int, port: int, data: str, size: int, batc
     dataset = torchvision.datasets.ImageFolder(os.path.join(data, "train"), transform=tf)
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=0)
     loader = DataLoader(dataset, batch_size=batch, sampler=sampler, drop_last=True)
-    model = DDP(torchvision.models.resnet18(weights=None, num_classes=len(dataset.classes)))
+    net = getattr(torchvision.models, arch)(weights=None, num_classes=len(dataset.classes)).to(dev)
+    model = DDP(net, device_ids=[rank] if cuda else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.05)
     log, step, epoch = [], 0, 0
     while step < steps:
         sampler.set_epoch(epoch)
         for images, labels in loader:
             optimizer.zero_grad()
+            images, labels = images.to(dev), labels.to(dev)
             loss = F.cross_entropy(model(images), labels)
             loss.backward()
             optimizer.step()
@@ -75,20 +87,21 @@ def baseline_worker(rank: int, world: int, port: int, data: str, size: int, batc
     dist.destroy_process_group()
 
 
-def run_baseline(data: Path, size: int, batch: int, steps: int, out: Path) -> list[dict]:
+def run_baseline(data: Path, size: int, batch: int, steps: int, out: Path, *, arch: str = "resnet18",
+                 device: str = "cpu", world: int = 2) -> list[dict]:
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(baseline_worker, args=(2, port, str(data), size, batch, steps, str(out)), nprocs=2, join=True)
+    mp.spawn(baseline_worker, args=(world, port, str(data), size, batch, steps, str(out), arch, device), nprocs=world, join=True)
     return json.loads(out.read_text())
 
 
 # ---- ours: dtrain train --nproc 2 ------------------------------------------------------
 
 
-def run_dtrain(data: Path, size: int, batch: int, steps: int, out_dir: Path, extra: list[str]) -> list[dict]:
+def run_dtrain(data: Path, size: int, batch: int, steps: int, out_dir: Path, extra: list[str], nproc: int = 2) -> list[dict]:
     import shutil
 
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -99,7 +112,7 @@ def run_dtrain(data: Path, size: int, batch: int, steps: int, out_dir: Path, ext
         # The baseline validates nothing, so neither does this side (no val pass timed).
         "val_every_epoch": False,
     }
-    argv = [sys.executable, "-m", "dtrain", "train", "--nproc", "2"]
+    argv = [sys.executable, "-m", "dtrain", "train", "--nproc", str(nproc)]
     argv += [a for k, v in sets.items() for a in ("--set", f"{k}={v}")] + [a for e in extra for a in ("--set", e)]
     subprocess.run(argv, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
     rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
@@ -141,6 +154,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3, help="steps left out of the rate")
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "bench" / "train_throughput")
     ap.add_argument("--set", dest="extra", action="append", default=[], help="extra dtrain config override")
+    ap.add_argument("--arch", default="resnet18", help="torchvision model of both sides")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="the baseline's (dtrain picks its own)")
+    ap.add_argument("--nproc", type=int, default=2, help="ranks of each side")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     from dtrain.data.synth import synthesize
@@ -149,19 +165,22 @@ def main() -> None:
     if not (data / "manifest.json").exists():  # same seed, same bytes: reuse a finished set
         synthesize(data, images=args.images, size=args.size, seed=0)
     steps = args.steps + args.warmup
-    gb = 2 * args.batch
+    gb = args.nproc * args.batch
+    extra = [f"model.arch={args.arch}", *args.extra]
 
     # The load average says how much else ran on the machine during each side.
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
-    base = run_baseline(data, args.size, args.batch, steps, args.out / "baseline.json")
+    base = run_baseline(data, args.size, args.batch, steps, args.out / "baseline.json", arch=args.arch,
+                        device=args.device, world=args.nproc)
     t_base, load1 = time.perf_counter() - t0, os.getloadavg()[0]
     t0 = time.perf_counter()
-    ours = run_dtrain(data, args.size, args.batch, steps, args.out / "dtrain", args.extra)
+    ours = run_dtrain(data, args.size, args.batch, steps, args.out / "dtrain", extra, args.nproc)
     t_ours, load2 = time.perf_counter() - t0, os.getloadavg()[0]
 
     result = {
-        "cpus": os.cpu_count(), "world_size": 2, "image_size": args.size, "batch_per_rank": args.batch,
-        "steps_timed": args.steps, "extra": args.extra, "loadavg_start_mid_end": [load0, load1, load2],
+        "cpus": os.cpu_count(), "world_size": args.nproc, "arch": args.arch, "device": args.device,
+        "image_size": args.size, "batch_per_rank": args.batch,
+        "steps_timed": args.steps, "extra": extra, "loadavg_start_mid_end": [load0, load1, load2],
         "baseline_images_per_s": steady_rate(base, args.warmup, gb),
         "dtrain_images_per_s": steady_rate(ours, args.warmup, gb),
         "baseline_wall_s": t_base, "dtrain_wall_s": t_ours,
@@ -171,7 +190,7 @@ def main() -> None:
     plot({"baseline (DDP tutorial)": base, "dtrain": ours}, args.out / "loss.png")
     (args.out / "result.json").write_text(json.dumps(result, indent=2))
     print(f"baseline (DDP tutorial loop): {result['baseline_images_per_s']:8.1f} images/s   wall {t_base:6.1f} s   loss {base[0]['loss']:.3f} -> {base[-1]['loss']:.3f}")
-    print(f"dtrain train --nproc 2:       {result['dtrain_images_per_s']:8.1f} images/s   wall {t_ours:6.1f} s   loss {ours[0]['loss']:.3f} -> {ours[-1]['loss']:.3f}")
+    print(f"dtrain train --nproc {args.nproc}:       {result['dtrain_images_per_s']:8.1f} images/s   wall {t_ours:6.1f} s   loss {ours[0]['loss']:.3f} -> {ours[-1]['loss']:.3f}")
     print(f"ratio dtrain / baseline: {result['ratio']:.2f}x   (loss curves: {args.out / 'loss.png'})")
     print(f"1-min load average at start / between / end: {load0:.1f} / {load1:.1f} / {load2:.1f} on {os.cpu_count()} CPUs")
 

@@ -99,20 +99,32 @@ class OrtInt8(_OnnxRuntime):
 
 
 class _Torch(Backend):
+    """The torch.export program on the GPU when there is one (batches go there and the
+    logits come back), else on the CPU."""
+
     network = TORCH_PROGRAM
 
     def _module(self, path: Path):
         import torch
 
-        return torch.export.load(str(path)).module()
+        program = torch.export.load(str(path))
+        if torch.cuda.is_available():
+            from torch.export.passes import move_to_device_pass
+
+            # The program was exported on the CPU: its weights and any device named in
+            # its graph move with it.
+            program = move_to_device_pass(program, "cuda")
+        return program.module()
 
     def _wrap(self, module, *, bf16: bool = False) -> Runner:
         import torch
 
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
         def run(images: np.ndarray) -> np.ndarray:
-            x = torch.from_numpy(images)
-            with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                return module(x).float().numpy()
+            x = torch.from_numpy(images).to(device)
+            with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                return module(x).float().cpu().numpy()
 
         return run
 
