@@ -67,7 +67,10 @@ def print_summary(result: dict, out_dir: Path | None = None, console=None) -> No
     table.add_row("miss rate 95 % upper", pct(result["miss_rate_upper95"]), "one-sided Clopper-Pearson")
     table.add_row("false-alarm rate", pct(result["false_alarm_rate"]), f"{result['n_false_alarms']}/{result['n_ok']} OK judged defective")
     table.add_row("threshold", f"{result['threshold']:.4f}", "on P(defect), chosen on validation")
-    for key in ("world_size", "train_time_s", "total_time_s"):
+    from dtrain.train.facts import describe
+
+    table.add_row("trained with", "", describe(result.get("run")))
+    for key in ("train_time_s", "total_time_s"):
         if key in result:
             value = result[key]
             table.add_row(key.replace("_", " "), f"{value:.0f}" if isinstance(value, float) else str(value), "")

@@ -164,9 +164,21 @@ def evaluate(
     result["checkpoint"] = str(checkpoint)
     result["data_root"] = cfg.root
     result["image_size"] = int(meta["image_size"])
+    # What trained the model (precision, device, processor, world size, seed, torch) and
+    # where this evaluation ran (always fp32: predict_split uses no autocast).
+    result["run"] = meta.get("run")
+    result["eval_device"] = _device_name(dev)
     if out_dir is not None:
         write_outputs(Path(out_dir), result, preds[cfg.test_split])
     return result
+
+
+def _device_name(dev) -> str:
+    import torch
+
+    from dtrain.train.facts import cpu_model
+
+    return f"cuda ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else f"cpu ({cpu_model()})"
 
 
 def _data_config(data: Any, meta: dict[str, Any]):

@@ -67,14 +67,33 @@ def _summary(report: dict[str, Any]) -> str:
         ("decision threshold on P(defect)", f"{report['threshold']:.4f}",
          f"chosen on the validation split ({_CALIBRATION_TEXT.get(report.get('calibration', 'rate'), '')})"),
     ]
-    if "world_size" in report:
-        rows.append(("DDP world size", report["world_size"], report.get("backend", "")))
+    rows += _run_rows(report)
     if "train_time_s" in report:
         rows.append(("training time", f"{report['train_time_s']:.0f} s", f"{report.get('train_images_per_s', 0):.0f} images/s"))
     if "total_time_s" in report:
         rows.append(("whole quickstart", f"{report['total_time_s']:.0f} s", "data + training + evaluation"))
     body = "".join(_row(*r) for r in rows)
     return f"<table class=summary>{_row('figure', 'value', 'detail', head=True)}{body}</table>"
+
+
+def _run_rows(report: dict[str, Any]) -> list[tuple[str, Any, str]]:
+    """What trained the model: a bf16 run and an fp32 run of one recipe score differently."""
+    run = report.get("run")
+    if not run:
+        return [("trained with", "unknown", "the checkpoint predates run facts")]
+    if run.get("device") == "cuda":
+        device = ("device", "cuda", run.get("gpu", ""))
+    else:
+        features = ", ".join(f"{k}: {'yes' if run.get(k) else 'no'}" for k in ("avx512_bf16", "amx"))
+        device = ("device", "cpu", f"{run.get('cpu', '')}; {features}")
+    emulated = " (emulated: this CPU has no native bf16)" if run.get("bf16_native") is False else ""
+    return [
+        ("training precision", run.get("precision"), f"resolved from the config's precision{emulated}"),
+        device,
+        ("DDP world size", run.get("world_size"), report.get("backend", "")),
+        ("seed", run.get("seed"), f"torch {run.get('torch', '')}"),
+        ("evaluated on", report.get("eval_device", ""), "fp32"),
+    ]
 
 
 def _per_class(report: dict[str, Any]) -> str:

@@ -24,7 +24,7 @@ LAST = "last.pt"
 # Keys every checkpoint holds (the contract other parts of dtrain read).
 KEYS = (
     "model", "optimizer", "scheduler", "scaler", "epoch", "step", "step_in_epoch", "rng",
-    "config", "classes", "negative_class", "image_size", "mean", "std", "world_size",
+    "config", "classes", "negative_class", "image_size", "mean", "std", "world_size", "run",
 )
 
 
@@ -126,5 +126,6 @@ def load_for_inference(path: str | Path, map_location: str | torch.device = "cpu
     model.load_state_dict(ckpt["model"])
     model.to(map_location).eval()
     meta = {k: ckpt[k] for k in ("classes", "negative_class", "image_size", "mean", "std", "config")}
-    meta.update(epoch=ckpt["epoch"], step=ckpt["step"])
+    # "run": what trained it (dtrain.train.facts); absent in checkpoints before it existed.
+    meta.update(epoch=ckpt["epoch"], step=ckpt["step"], run=ckpt.get("run"))
     return model, meta

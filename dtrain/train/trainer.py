@@ -30,6 +30,7 @@ from dtrain.models import build_model
 from dtrain.monitor.report import report_step
 from dtrain.train import checkpoint as ckpt
 from dtrain.train import dist, precision
+from dtrain.train.facts import describe, run_facts
 from dtrain.train.config import TrainConfig
 from dtrain.train.loaders import Loaders, build_loaders
 from dtrain.train.logs import NullLog, RunLog
@@ -92,6 +93,8 @@ class _Trainer:
         self.cfg, self.ctx = cfg, ctx
         configure_runtime(cfg, ctx)
         self.precision = precision.resolve(cfg.precision, ctx.device)
+        # Plain values, saved in every checkpoint: what an evaluation report states ran.
+        self.facts = run_facts(ctx.device, self.precision.name, ctx.world_size, cfg.seed)
         self.data: Loaders = build_loaders(cfg.data, ctx, batch_size=cfg.batch_size, seed=cfg.seed)
         self.steps_per_epoch = len(self.data.train) // cfg.grad_accum
         if self.steps_per_epoch == 0:
@@ -151,14 +154,15 @@ class _Trainer:
         if ctx.is_main:
             Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
             (Path(cfg.output_dir) / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+            (Path(cfg.output_dir) / "run.yaml").write_text(yaml.safe_dump(self.facts, sort_keys=False))
         resumed = self.restore(state) if resume else None
         if ctx.is_main:
             self.log = RunLog(cfg.output_dir, self.stream, resume_step=state.step)
             if resumed:
                 self.log.message(resumed)
             self.log.message(
-                f"training {cfg.model.arch} on {len(self.data.classes)} classes: world {ctx.world_size} on {ctx.device.type}, "
-                f"precision {self.precision.name}, {self.steps_per_epoch} steps/epoch x {cfg.epochs} epochs"
+                f"training {cfg.model.arch} on {len(self.data.classes)} classes: {describe(self.facts)}; "
+                f"{self.steps_per_epoch} steps/epoch x {cfg.epochs} epochs"
             )
         last_path: Path | None = None
         try:
@@ -325,6 +329,7 @@ class _Trainer:
                 "mean": list(MEAN),
                 "std": list(STD),
                 "world_size": self.ctx.world_size,
+                "run": self.facts,
             }
             path = ckpt.save(payload, self.cfg.output_dir, epoch_end=epoch_end, keep=self.cfg.keep_checkpoints)
         return path
