@@ -59,14 +59,10 @@ def print_summary(result: dict, out_dir: Path | None = None, console=None) -> No
     table.add_column("figure")
     table.add_column("value", justify="right")
     table.add_column("detail")
-    table.add_row("accuracy", pct(result["accuracy"]),
-                  f"argmax {pct(result['accuracy_argmax'])}, OK/defect {pct(result['binary_accuracy'])}")
-    ok = result["miss_rate"] <= result["target_miss_rate"]
-    table.add_row("miss rate", f"[{'green' if ok else 'red'}]{pct(result['miss_rate'])}[/]",
-                  f"{result['n_missed']}/{result['n_defective']} defective judged OK (target {pct(result['target_miss_rate'])})")
-    table.add_row("miss rate 95 % upper", pct(result["miss_rate_upper95"]), "one-sided Clopper-Pearson")
-    table.add_row("false-alarm rate", pct(result["false_alarm_rate"]), f"{result['n_false_alarms']}/{result['n_ok']} OK judged defective")
-    table.add_row("threshold", f"{result['threshold']:.4f}", "on P(defect), chosen on validation")
+    if result["negative_class"] is None:  # a classifier: no miss rate to show (see its warning)
+        table.add_row("accuracy", pct(result["accuracy"]), f"argmax over {len(result['classes'])} classes, {result['n_images']} images")
+    else:
+        _inspection_rows(table, result, pct)
     from dtrain.train.facts import describe
 
     table.add_row("trained with", "", describe(result.get("run")))
@@ -79,6 +75,17 @@ def print_summary(result: dict, out_dir: Path | None = None, console=None) -> No
         console.print(f"[yellow]warning:[/] {warning}")
     if out_dir is not None:
         console.print(f"plots and evaluation.json in {out_dir}")
+
+
+def _inspection_rows(table, result: dict, pct) -> None:
+    table.add_row("accuracy", pct(result["accuracy"]),
+                  f"argmax {pct(result['accuracy_argmax'])}, OK/defect {pct(result['binary_accuracy'])}")
+    ok = result["miss_rate"] <= result["target_miss_rate"]
+    table.add_row("miss rate", f"[{'green' if ok else 'red'}]{pct(result['miss_rate'])}[/]",
+                  f"{result['n_missed']}/{result['n_defective']} defective judged OK (target {pct(result['target_miss_rate'])})")
+    table.add_row("miss rate 95 % upper", pct(result["miss_rate_upper95"]), "one-sided Clopper-Pearson")
+    table.add_row("false-alarm rate", pct(result["false_alarm_rate"]), f"{result['n_false_alarms']}/{result['n_ok']} OK judged defective")
+    table.add_row("threshold", f"{result['threshold']:.4f}", "on P(defect), chosen on validation")
 
 
 def quickstart_command(

@@ -164,6 +164,8 @@ class _Trainer:
                 f"training {cfg.model.arch} on {len(self.data.classes)} classes: {describe(self.facts)}; "
                 f"{self.steps_per_epoch} steps/epoch x {cfg.epochs} epochs"
             )
+            if self.data.negative_index is None:
+                self.log.message(_no_negative_class_note(cfg.data.negative_class, self.data.classes))
         last_path: Path | None = None
         try:
             self.log.start(self.total_steps, state.step, f"epoch {state.epoch + 1}/{cfg.epochs}")
@@ -324,7 +326,7 @@ class _Trainer:
                 "rng": rngs,
                 "config": self.cfg.model_dump(),
                 "classes": self.data.classes,
-                "negative_class": self.data.classes[self.data.negative_index],
+                "negative_class": None if self.data.negative_index is None else self.data.classes[self.data.negative_index],
                 "image_size": self.cfg.data.image_size,
                 "mean": list(MEAN),
                 "std": list(STD),
@@ -333,6 +335,16 @@ class _Trainer:
             }
             path = ckpt.save(payload, self.cfg.output_dir, epoch_end=epoch_end, keep=self.cfg.keep_checkpoints)
         return path
+
+
+def _no_negative_class_note(configured: str | None, classes: list[str]) -> str:
+    why = "data.negative_class is null" if configured is None else (
+        f"no class is called ok, good or normal (data.negative_class {configured!r})"
+    )
+    return (
+        f"{why}: a classification task over {', '.join(classes)}; evaluation reports accuracy, per-class "
+        "figures and the confusion matrix, no miss rates (set data.negative_class to the defect-free class if there is one)"
+    )
 
 
 class _Window:
