@@ -94,11 +94,19 @@ def quickstart_command(
     epochs: int | None = typer.Option(None, "--epochs", min=1, help="Training epochs (default: the recipe's)."),
     nproc: int | None = typer.Option(None, "--nproc", min=1, help="DDP processes (default: one per GPU, else 2, capped by the cores)."),
     image_size: int | None = typer.Option(None, "--image-size", min=16, max=512, help="Image side in pixels (default: the recipe's)."),
+    data: Path | None = typer.Option(
+        None, "--data", help="Your own labelled images (ImageFolder ROOT/{train,val,test}/<class> or MVTec-AD): "
+        "the recipe decides input size, loss weights and training budget from them, and says why.",
+    ),
 ) -> None:
-    """The whole recipe on this machine: synthesise data, train with DDP, evaluate, write report.json + report.html."""
+    """The whole recipe on this machine: synthesise data (or use --data), train with DDP, evaluate, write report.json + report.html."""
+    from dtrain.errors import DtrainError
     from dtrain.quickstart import QuickstartOptions, run_quickstart
 
-    options = QuickstartOptions(workdir=workdir, images=images, epochs=epochs, nproc=nproc)
+    if data is not None and (images is not None or image_size is not None):
+        raise DtrainError("--images and --image-size are for the synthetic run", "with --data the recipe decides the "
+                          "input size (written to WORKDIR/train.yaml: edit it and run `dtrain train` to override)")
+    options = QuickstartOptions(workdir=workdir, images=images, epochs=epochs, nproc=nproc, data=data)
     if image_size is not None:
         options.image_size = image_size
     result = run_quickstart(options, stream=sys.stdout)

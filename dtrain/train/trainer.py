@@ -64,6 +64,7 @@ class State:
     epoch: int = 0  # completed epochs
     step: int = 0  # optimizer steps so far
     step_in_epoch: int = 0  # optimizer steps into the current, unfinished epoch
+    best_val_loss: float = float("inf")  # for keep_best
 
 
 def run(cfg: TrainConfig, resume: bool = False, *, stream: TextIO | None = None) -> TrainResult:
@@ -104,6 +105,7 @@ class _Trainer:
                 "lower batch_size or grad_accum, or use more images",
             )
         self.total_steps = self.steps_per_epoch * cfg.epochs
+        self.loss_weight = loss_weights(cfg.loss_class_weights, self.data.train_set, len(self.data.classes), ctx.device)
         self.stream = stream
         self.log: NullLog = NullLog()
         self.last_metrics: dict[str, float] = {}
@@ -138,6 +140,7 @@ class _Trainer:
         state.scheduler.load_state_dict(blob["scheduler"])
         state.scaler.load_state_dict(blob["scaler"])
         state.epoch, state.step, state.step_in_epoch = blob["epoch"], blob["step"], blob["step_in_epoch"]
+        state.best_val_loss = float(blob.get("best_val_loss", float("inf")))
         if blob["world_size"] == self.ctx.world_size:
             ckpt.set_rng_state(blob["rng"][self.ctx.rank])
         elif state.step_in_epoch:
@@ -175,9 +178,15 @@ class _Trainer:
                     last_path = self.save(state, epoch_end=False)
                     break
                 state.epoch, state.step_in_epoch = state.epoch + 1, 0
-                self.evaluate(state)
-                if state.epoch % cfg.checkpoint_every == 0 or state.epoch == cfg.epochs or self.reached_max(state):
+                val_loss = self.evaluate(state)
+                # val_loss is all-reduced: every rank takes the same branch (save is collective).
+                best = cfg.keep_best and val_loss is not None and val_loss < state.best_val_loss
+                if best:
+                    state.best_val_loss = val_loss
+                if best or state.epoch % cfg.checkpoint_every == 0 or state.epoch == cfg.epochs or self.reached_max(state):
                     last_path = self.save(state, epoch_end=True)
+                    if best and ctx.is_main:
+                        ckpt.publish_last(last_path, ckpt.BEST)
         finally:
             self.log.close()
         return TrainResult(ctx.world_size, state.epoch, state.step, last_path or ckpt.find_resume(cfg.output_dir), self.last_metrics)
@@ -208,8 +217,8 @@ class _Trainer:
                 if empty:
                     loss = self.null_loss(state)
                 else:
-                    with self.precision.autocast(dev):
-                        loss = F.cross_entropy(state.model(images), labels)
+                    with self.precision.autocast(dev):  # autocast runs cross_entropy in fp32
+                        loss = F.cross_entropy(state.model(images), labels, weight=self.loss_weight)
                 state.scaler.scale(loss / accum).backward()
             window.add(loss.detach(), labels.shape[0])
             step_samples += labels.shape[0]
@@ -284,9 +293,10 @@ class _Trainer:
         window.reset()
 
     @torch.no_grad()
-    def evaluate(self, state: State) -> None:
+    def evaluate(self, state: State) -> float | None:
+        """Validation loss and accuracy, logged; returns the loss (None without validation)."""
         if self.data.val is None or not self.cfg.val_every_epoch:
-            return
+            return None
         model, dev = state.raw, self.ctx.device
         model.eval()
         loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
@@ -310,6 +320,7 @@ class _Trainer:
             f"epoch {state.epoch}/{self.cfg.epochs}: train loss {self.last_metrics.get('train_loss', float('nan')):.4f}, "
             f"val loss {values['loss']:.4f}, val accuracy {values['accuracy']:.4f} ({int(n)} images)"
         )
+        return values["loss"] if n else None
 
     def save(self, state: State, *, epoch_end: bool) -> Path:
         rngs = dist.gather_objects(ckpt.rng_state(), self.ctx)
@@ -332,9 +343,20 @@ class _Trainer:
                 "std": list(STD),
                 "world_size": self.ctx.world_size,
                 "run": self.facts,
+                "best_val_loss": state.best_val_loss,
             }
             path = ckpt.save(payload, self.cfg.output_dir, epoch_end=epoch_end, keep=self.cfg.keep_checkpoints)
         return path
+
+
+def loss_weights(rule: str, train_set, n_classes: int, device: torch.device) -> torch.Tensor | None:
+    """Per-class cross-entropy weights from the training set's counts (TrainConfig.loss_class_weights)."""
+    if rule == "none":
+        return None
+    counts = np.bincount(np.asarray(train_set.targets, dtype=np.int64), minlength=n_classes).astype(np.float64)
+    # A class without training images gets weight 1: no image of it ever meets the weight.
+    weights = np.where(counts > 0, np.sqrt(counts.max() / np.maximum(counts, 1)), 1.0)
+    return torch.tensor(weights, dtype=torch.float32, device=device)
 
 
 def _no_negative_class_note(configured: str | None, classes: list[str]) -> str:
