@@ -94,6 +94,19 @@ def test_gather_finds_grey_images(tmp_path):
     assert stats.grey_share == 1.0 and stats.negative_class is None and stats.short_sides[0] == 40
 
 
+def test_layout_detection(synth_data, tmp_path):
+    from dtrain.errors import DtrainError
+    from dtrain.recipe.stats import detect_layout
+
+    assert detect_layout(synth_data) == "imagefolder"
+    (tmp_path / "bottle" / "train" / "good").mkdir(parents=True)
+    assert detect_layout(tmp_path) == "mvtec" and detect_layout(tmp_path / "bottle") == "mvtec"
+    with pytest.raises(DtrainError, match="neither ImageFolder"):
+        detect_layout(tmp_path / "bottle" / "train")
+    with pytest.raises(DtrainError, match="not found"):
+        detect_layout(tmp_path / "absent")
+
+
 def test_sqrt_inverse_loss_weights():
     class Train:
         targets = [0] * 400 + [1] * 100 + [2] * 25

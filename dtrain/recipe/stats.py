@@ -47,6 +47,8 @@ class DataStats:
 
 def detect_layout(root: Path) -> str:
     """imagefolder (ROOT/{train,val,test}/<class>) or mvtec (ROOT/[category/]{train,test}/<class>)."""
+    if not root.is_dir():
+        raise DtrainError(f"data directory not found: {root}", "pass --data the folder that holds train/ (and val/, test/)")
     if (root / "train").is_dir() and (root / "val").is_dir():
         return "imagefolder"
     if (root / "train" / "good").is_dir() or any((d / "train" / "good").is_dir() for d in root.iterdir() if d.is_dir()):

@@ -164,9 +164,10 @@ class _Trainer:
             if resumed:
                 self.log.message(resumed)
             self.log.message(
-                f"training {cfg.model.arch} on {len(self.data.classes)} classes: {describe(self.facts)}; "
-                f"{self.steps_per_epoch} steps/epoch x {cfg.epochs} epochs"
+                f"training {cfg.model.arch} on {len(self.data.classes)} classes: world {ctx.world_size} on {ctx.device.type}, "
+                f"precision {self.precision.name}, {self.steps_per_epoch} steps/epoch x {cfg.epochs} epochs"
             )
+            self.log.message(f"run: {describe(self.facts)}")
             if self.data.negative_index is None:
                 self.log.message(_no_negative_class_note(cfg.data.negative_class, self.data.classes))
         last_path: Path | None = None
