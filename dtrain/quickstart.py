@@ -91,8 +91,11 @@ def train_config(opts: QuickstartOptions, data_dir: Path, output_dir: Path) -> d
     }
 
 
-def recipe_config(opts: QuickstartOptions, data_dir: Path, output_dir: Path, stream: TextIO) -> tuple[dict[str, Any], list[dict]]:
-    """The TrainConfig dict for the user's images, and the decisions (field, value, reason) behind it."""
+def recipe_config(
+    opts: QuickstartOptions, data_dir: Path, output_dir: Path, stream: TextIO
+) -> tuple[dict[str, Any], list[dict], list[str]]:
+    """The TrainConfig dict for the user's images, the decisions (field, value, reason)
+    behind it, and notes on what no decision can fix (few images of a class...)."""
     from dtrain.data.config import DataConfig
     from dtrain.recipe.decide import Decision, as_config, notes, plan
     from dtrain.recipe.stats import detect_layout, gather
@@ -111,9 +114,7 @@ def recipe_config(opts: QuickstartOptions, data_dir: Path, output_dir: Path, str
     cfg = _merged(TRAIN, as_config(decisions))
     cfg["data"].update(root=str(data_dir), layout=layout)
     cfg.update(seed=opts.seed, output_dir=str(output_dir))
-    return cfg, [{"field": d.field, "value": d.value, "reason": d.reason} for d in decisions] + [
-        {"field": None, "value": None, "reason": note} for note in remarks
-    ]
+    return cfg, [{"field": d.field, "value": d.value, "reason": d.reason} for d in decisions], remarks
 
 
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -161,12 +162,13 @@ def run_quickstart(opts: QuickstartOptions, stream: TextIO = sys.stdout) -> dict
     images = opts.images or IMAGES
     data_dir, train_dir, eval_dir = workdir / "data", workdir / "train", workdir / "eval"
     recipe: list[dict] = []
+    remarks: list[str] = []
     if opts.data is None:
         ensure_data(data_dir, opts, images, stream)
         cfg_dict = train_config(opts, data_dir, train_dir)
     else:
         data_dir = Path(opts.data)
-        cfg_dict, recipe = recipe_config(opts, data_dir, train_dir, stream)
+        cfg_dict, recipe, remarks = recipe_config(opts, data_dir, train_dir, stream)
     t_data = time.perf_counter() - t0
 
     cfg_path = workdir / "train.yaml"
@@ -202,6 +204,7 @@ def run_quickstart(opts: QuickstartOptions, stream: TextIO = sys.stdout) -> dict
     )
     if recipe:
         report["recipe"] = recipe
+        report["warnings"] = [*report["warnings"], *remarks]
     write_report(workdir, report, eval_dir, train_dir / "metrics.jsonl", title="dtrain quickstart: surface-defect inspection")
     return report
 

@@ -182,7 +182,7 @@ def render_html(report: dict[str, Any], eval_dir: Path, curves_png: Path | None 
         *errors,
     ]
     if report.get("recipe"):  # dtrain quickstart --data: what the recipe decided from the data, and why
-        rows = "".join(_row(d["field"] or "note", "" if d["field"] is None else d["value"], d["reason"]) for d in report["recipe"])
+        rows = "".join(_row(d["field"], d["value"], d["reason"]) for d in report["recipe"])
         parts += ["<h2>Recipe</h2>", f"<table>{_row('field', 'value', 'reason', head=True)}{rows}</table>"]
     if report.get("config"):
         parts += ["<h2>Configuration</h2>", f"<pre>{html.escape(json.dumps(report['config'], indent=2))}</pre>"]
