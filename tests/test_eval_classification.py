@@ -50,6 +50,21 @@ def test_summary_of_a_classifier_has_no_miss_figures():
     assert r["warnings"][0] == NO_NEGATIVE_NOTE
 
 
+def test_dtrain_eval_prints_a_classifier_without_miss_rows():
+    import io
+
+    from rich.console import Console
+
+    from dtrain.cli.eval_cmd import print_summary
+
+    test = _preds([[0.9, 0.05, 0.05], [0.1, 0.2, 0.7]], [0, 2])
+    out = io.StringIO()
+    print_summary(summarise(TYPES, None, test, test, 0.005), None, Console(file=out, width=200))
+    text = out.getvalue()
+    assert "100.00 %" in text and "argmax over 3 classes" in text and "miss rate" not in text.split("warning")[0]
+    assert "no defect-free class" in text
+
+
 def test_a_classifier_verdict_is_its_class():
     logits = np.array([[3.0, 0.0, 0.0], [0.0, 0.0, 2.0]])
     verdicts = judge(logits, TYPES, None, 0.5)

@@ -124,7 +124,10 @@ def test_quickstart_data_decides_trains_and_reports(synth_data, tmp_path, dtrain
     assert "recipe: data.image_size = 32" in proc.stdout and "recipe: epochs = 2  (--epochs)" in proc.stdout
     cfg = yaml.safe_load((work / "train.yaml").read_text())
     assert cfg["data"]["root"] == str(synth_data) and cfg["keep_best"] is True and cfg["val_every_epoch"] is True
-    assert (work / "train" / "checkpoints" / "best.pt").is_file()
+    best = torch.load(work / "train" / "checkpoints" / "best.pt", map_location="cpu", weights_only=False)
+    val = [json.loads(line) for line in (work / "train" / "metrics.jsonl").read_text().splitlines() if '"val"' in line]
+    assert len(val) == 2 and best["epoch"] == min(val, key=lambda r: r["loss"])["epoch"]
+    assert best["best_val_loss"] == pytest.approx(min(r["loss"] for r in val))
     report = json.loads((work / "report.json").read_text())
     assert report["evaluated_checkpoint"] == "best.pt"
     assert {d["field"] for d in report["recipe"]} >= {"data.image_size", "epochs", "loss_class_weights", "keep_best"}
