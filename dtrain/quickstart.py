@@ -4,6 +4,11 @@ synthesise a defect data set (if absent) -> train with DDP on every local device
 launcher `dtrain train --nproc` uses) -> evaluate against the target miss rate ->
 `WORKDIR/report.json` + `WORKDIR/report.html`.
 
+With `data` (`dtrain quickstart --data ROOT`) the user's own images replace the
+synthetic set, and the recipe (dtrain/recipe/) decides input size, architecture,
+loss weights, training budget and validation from them; each decision and its reason
+is printed, written to train.yaml as an ordinary TrainConfig field, and listed in the report.
+
 The recipe below is tuned so that on a 2-core CPU (world size 2, gloo) the whole run
 fits well under 10 minutes and reaches a test miss rate <= 0.5 % and accuracy >= 97 %
 (numbers in BENCHMARKS.md). Every knob is an ordinary TrainConfig field, so the
@@ -72,6 +77,7 @@ class QuickstartOptions:
     difficulty: float = DIFFICULTY
     target_miss_rate: float = TARGET_MISS_RATE
     calibration: str = CALIBRATION
+    data: Path | None = None  # the user's own images: the recipe decides (see recipe_config)
 
 
 def train_config(opts: QuickstartOptions, data_dir: Path, output_dir: Path) -> dict[str, Any]:
@@ -83,6 +89,39 @@ def train_config(opts: QuickstartOptions, data_dir: Path, output_dir: Path) -> d
         "seed": opts.seed,
         "output_dir": str(output_dir),
     }
+
+
+def recipe_config(
+    opts: QuickstartOptions, data_dir: Path, output_dir: Path, stream: TextIO
+) -> tuple[dict[str, Any], list[dict], list[str]]:
+    """The TrainConfig dict for the user's images, the decisions (field, value, reason)
+    behind it, and notes on what no decision can fix (few images of a class...)."""
+    from dtrain.data.config import DataConfig
+    from dtrain.recipe.decide import Decision, as_config, notes, plan
+    from dtrain.recipe.stats import detect_layout, gather
+
+    layout = detect_layout(data_dir)
+    stats = gather(DataConfig(root=str(data_dir), layout=layout))
+    decisions = plan(stats)
+    if opts.epochs:  # the command line wins; said so, like every other decision
+        decisions = [d for d in decisions if d.field != "epochs"] + [Decision("epochs", opts.epochs, "--epochs")]
+    print(f"recipe: {stats.n_train} training images in {len(stats.classes)} classes ({layout} layout)", file=stream)
+    for d in decisions:
+        print(f"recipe: {d.field} = {d.value}  ({d.reason})", file=stream)
+    remarks = notes(stats)
+    for note in remarks:
+        print(f"recipe: note: {note}", file=stream)
+    cfg = _merged(TRAIN, as_config(decisions))
+    cfg["data"].update(root=str(data_dir), layout=layout)
+    cfg.update(seed=opts.seed, output_dir=str(output_dir))
+    return cfg, [{"field": d.field, "value": d.value, "reason": d.reason} for d in decisions], remarks
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def ensure_data(data_dir: Path, opts: QuickstartOptions, images: int, stream: TextIO) -> dict[str, Any]:
@@ -122,10 +161,16 @@ def run_quickstart(opts: QuickstartOptions, stream: TextIO = sys.stdout) -> dict
     workdir.mkdir(parents=True, exist_ok=True)
     images = opts.images or IMAGES
     data_dir, train_dir, eval_dir = workdir / "data", workdir / "train", workdir / "eval"
-    ensure_data(data_dir, opts, images, stream)
+    recipe: list[dict] = []
+    remarks: list[str] = []
+    if opts.data is None:
+        ensure_data(data_dir, opts, images, stream)
+        cfg_dict = train_config(opts, data_dir, train_dir)
+    else:
+        data_dir = Path(opts.data)
+        cfg_dict, recipe, remarks = recipe_config(opts, data_dir, train_dir, stream)
     t_data = time.perf_counter() - t0
 
-    cfg_dict = train_config(opts, data_dir, train_dir)
     cfg_path = workdir / "train.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg_dict, sort_keys=False))
     # A fresh run every time: an old last.pt must not be mistaken for this run's result.
@@ -139,13 +184,15 @@ def run_quickstart(opts: QuickstartOptions, stream: TextIO = sys.stdout) -> dict
     checkpoint = train_dir / "checkpoints" / "last.pt"
     if not checkpoint.is_file():
         raise DtrainError(f"training finished without a checkpoint at {checkpoint}", f"see the log above and {train_dir}")
+    best = checkpoint.with_name("best.pt")  # written with keep_best: the lowest validation loss
+    evaluated = best if best.is_file() else checkpoint
 
     print("eval: predicting the validation and test splits", file=stream)
     from dtrain.inspect.progress import progress_bars
 
     with progress_bars(stream) as bars:
         result = evaluate(
-            checkpoint, data_dir, opts.target_miss_rate, calibration=opts.calibration, out_dir=eval_dir,
+            evaluated, data_dir, opts.target_miss_rate, calibration=opts.calibration, out_dir=eval_dir,
             progress=lambda split, total: bars(f"predict {split}", total),
         )
     report = {**result, **_training_figures(checkpoint, train_dir, train_time)}
@@ -154,7 +201,11 @@ def run_quickstart(opts: QuickstartOptions, stream: TextIO = sys.stdout) -> dict
         total_time_s=time.perf_counter() - t0,
         config=cfg_dict,
         workdir=str(workdir),
+        evaluated_checkpoint=evaluated.name,
     )
+    if recipe:
+        report["recipe"] = recipe
+        report["warnings"] = [*report["warnings"], *remarks]
     write_report(workdir, report, eval_dir, train_dir / "metrics.jsonl", title="dtrain quickstart: surface-defect inspection")
     return report
 

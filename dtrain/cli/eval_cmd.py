@@ -59,15 +59,14 @@ def print_summary(result: dict, out_dir: Path | None = None, console=None) -> No
     table.add_column("figure")
     table.add_column("value", justify="right")
     table.add_column("detail")
-    table.add_row("accuracy", pct(result["accuracy"]),
-                  f"argmax {pct(result['accuracy_argmax'])}, OK/defect {pct(result['binary_accuracy'])}")
-    ok = result["miss_rate"] <= result["target_miss_rate"]
-    table.add_row("miss rate", f"[{'green' if ok else 'red'}]{pct(result['miss_rate'])}[/]",
-                  f"{result['n_missed']}/{result['n_defective']} defective judged OK (target {pct(result['target_miss_rate'])})")
-    table.add_row("miss rate 95 % upper", pct(result["miss_rate_upper95"]), "one-sided Clopper-Pearson")
-    table.add_row("false-alarm rate", pct(result["false_alarm_rate"]), f"{result['n_false_alarms']}/{result['n_ok']} OK judged defective")
-    table.add_row("threshold", f"{result['threshold']:.4f}", "on P(defect), chosen on validation")
-    for key in ("world_size", "train_time_s", "total_time_s"):
+    if result["negative_class"] is None:  # a classifier: no miss rate to show (see its warning)
+        table.add_row("accuracy", pct(result["accuracy"]), f"argmax over {len(result['classes'])} classes, {result['n_images']} images")
+    else:
+        _inspection_rows(table, result, pct)
+    from dtrain.train.facts import describe
+
+    table.add_row("trained with", "", describe(result.get("run")))
+    for key in ("train_time_s", "total_time_s"):
         if key in result:
             value = result[key]
             table.add_row(key.replace("_", " "), f"{value:.0f}" if isinstance(value, float) else str(value), "")
@@ -78,17 +77,36 @@ def print_summary(result: dict, out_dir: Path | None = None, console=None) -> No
         console.print(f"plots and evaluation.json in {out_dir}")
 
 
+def _inspection_rows(table, result: dict, pct) -> None:
+    table.add_row("accuracy", pct(result["accuracy"]),
+                  f"argmax {pct(result['accuracy_argmax'])}, OK/defect {pct(result['binary_accuracy'])}")
+    ok = result["miss_rate"] <= result["target_miss_rate"]
+    table.add_row("miss rate", f"[{'green' if ok else 'red'}]{pct(result['miss_rate'])}[/]",
+                  f"{result['n_missed']}/{result['n_defective']} defective judged OK (target {pct(result['target_miss_rate'])})")
+    table.add_row("miss rate 95 % upper", pct(result["miss_rate_upper95"]), "one-sided Clopper-Pearson")
+    table.add_row("false-alarm rate", pct(result["false_alarm_rate"]), f"{result['n_false_alarms']}/{result['n_ok']} OK judged defective")
+    table.add_row("threshold", f"{result['threshold']:.4f}", "on P(defect), chosen on validation")
+
+
 def quickstart_command(
     workdir: Path = typer.Option(Path("runs/quickstart"), "--workdir", help="Where data, checkpoints and the report go."),
     images: int | None = typer.Option(None, "--images", min=60, help="Images to synthesise (default: the recipe's, in dtrain/quickstart.py)."),
     epochs: int | None = typer.Option(None, "--epochs", min=1, help="Training epochs (default: the recipe's)."),
     nproc: int | None = typer.Option(None, "--nproc", min=1, help="DDP processes (default: one per GPU, else 2, capped by the cores)."),
     image_size: int | None = typer.Option(None, "--image-size", min=16, max=512, help="Image side in pixels (default: the recipe's)."),
+    data: Path | None = typer.Option(
+        None, "--data", help="Your own labelled images (ImageFolder ROOT/{train,val,test}/<class> or MVTec-AD): "
+        "the recipe decides input size, loss weights and training budget from them, and says why.",
+    ),
 ) -> None:
-    """The whole recipe on this machine: synthesise data, train with DDP, evaluate, write report.json + report.html."""
+    """The whole recipe on this machine: synthesise data (or use --data), train with DDP, evaluate, write report.json + report.html."""
+    from dtrain.errors import DtrainError
     from dtrain.quickstart import QuickstartOptions, run_quickstart
 
-    options = QuickstartOptions(workdir=workdir, images=images, epochs=epochs, nproc=nproc)
+    if data is not None and (images is not None or image_size is not None):
+        raise DtrainError("--images and --image-size are for the synthetic run", "with --data the recipe decides the "
+                          "input size (written to WORKDIR/train.yaml: edit it and run `dtrain train` to override)")
+    options = QuickstartOptions(workdir=workdir, images=images, epochs=epochs, nproc=nproc, data=data)
     if image_size is not None:
         options.image_size = image_size
     result = run_quickstart(options, stream=sys.stdout)

@@ -16,8 +16,13 @@ class DataConfig(StrictModel):
     layout: Literal["imagefolder", "mvtec", "shards"] = "imagefolder"
     # MVTec-AD: the category folder under root (e.g. "metal_nut").
     category: str | None = None
-    # The class a "miss" is measured against: a defective part judged as this one.
-    negative_class: str = "ok"
+    # The class of defect-free parts, which a "miss" is measured against (a defective
+    # part judged as this one). "ok", "good" and "normal" stand for each other. null: the
+    # data has no such class (defect types only), a classification task: evaluation
+    # reports accuracy, per-class figures and the confusion matrix, no miss rates. The
+    # default "ok" also becomes null when no class has any of those names (the training
+    # log says so); any other name that is not a class is an error.
+    negative_class: str | None = "ok"
     image_size: int = Field(64, ge=16, le=2048)
     num_workers: int = Field(2, ge=0)
     augment: bool = True

@@ -39,7 +39,7 @@ class InspectionDataset(Dataset):
         paths: Sequence[str],
         targets: Sequence[int],
         classes: Sequence[str],
-        negative_index: int,
+        negative_index: int | None,  # None: no defect-free class (a classification task)
         image_size: int,
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
         cache_decoded: bool = False,
@@ -48,7 +48,7 @@ class InspectionDataset(Dataset):
         self.targets = list(targets)
         self.classes = list(classes)
         self.negative_index = negative_index
-        self.negative_class = self.classes[negative_index]
+        self.negative_class = None if negative_index is None else self.classes[negative_index]
         self.image_size = image_size
         self.transform = transform
         self._bad_local: dict[str, str] = {}

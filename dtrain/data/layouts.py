@@ -13,8 +13,9 @@ A layout is a function `(cfg, split) -> Listing`, registered by name in `LAYOUTS
 
 Classes are the sorted union of the class folders of all splits, so every split of one
 data set agrees on the label numbering. An empty split name (`val_split: ""`) means the
-data set has no such split: it adds no classes, and MVTec carves no val split. "ok" and "good" are synonyms for the negative
-class: the config default "ok" works on MVTec's "good" without an override.
+data set has no such split: it adds no classes, and MVTec carves no val split. "ok", "good" and "normal" are synonyms for the
+negative class: the config default "ok" works on MVTec's "good" without an override, and on data with none of them
+(defect types only) it means "no negative class" (`negative_index` None: a classification task).
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ from dtrain.data.config import DataConfig
 from dtrain.errors import DtrainError
 
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"})
-NEGATIVE_SYNONYMS = ("ok", "good")
+NEGATIVE_SYNONYMS = ("ok", "good", "normal")
 
 
 @dataclass(frozen=True)
 class Listing:
     classes: list[str]
-    negative_index: int
+    negative_index: int | None  # None: no defect-free class, a classification task
     paths: list[str]
     targets: list[int]
 
@@ -65,20 +66,24 @@ def _class_dirs(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def resolve_negative(classes: list[str], negative_class: str, where: Path) -> int:
+def resolve_negative(classes: list[str], negative_class: str | None, where: Path) -> int | None:
+    """The index of the defect-free class; None when there is none (see DataConfig.negative_class)."""
+    if negative_class is None:
+        return None
     if negative_class in classes:
         return classes.index(negative_class)
     if negative_class in NEGATIVE_SYNONYMS:
         for alias in NEGATIVE_SYNONYMS:
             if alias in classes:
                 return classes.index(alias)
+        return None
     raise DtrainError(
         f"negative class '{negative_class}' is not one of the classes in {where}: {', '.join(classes)}",
         "set data.negative_class to the class of defect-free parts (e.g. --set data.negative_class=good)",
     )
 
 
-def _listing(classes: list[str], negative: str, where: Path, files: dict[str, list[Path]]) -> Listing:
+def _listing(classes: list[str], negative: str | None, where: Path, files: dict[str, list[Path]]) -> Listing:
     neg = resolve_negative(classes, negative, where)
     paths: list[str] = []
     targets: list[int] = []

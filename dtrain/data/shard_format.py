@@ -66,7 +66,7 @@ class Manifest(StrictModel):
     version: int = VERSION
     container: str = "webdataset-tar"
     classes: list[str]
-    negative_index: int
+    negative_index: int | None  # None: no defect-free class (dtrain.data.layouts)
     splits: dict[str, SplitInfo] = Field(default_factory=dict)
 
     def to_bytes(self) -> bytes:

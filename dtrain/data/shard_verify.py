@@ -104,7 +104,7 @@ def info(store: Store) -> dict[str, Any]:
         "fingerprint": sha256_hex(raw),
         "container": manifest.container,
         "classes": manifest.classes,
-        "negative_class": manifest.classes[manifest.negative_index],
+        "negative_class": None if manifest.negative_index is None else manifest.classes[manifest.negative_index],
         "splits": {
             name: {
                 "count": s.count,

@@ -109,7 +109,7 @@ class ShardDataset(Dataset):
         self.targets = [int(x) for x in rows[:, 3]]
         self.classes = list(manifest.classes)
         self.negative_index = manifest.negative_index
-        self.negative_class = self.classes[self.negative_index]
+        self.negative_class = None if self.negative_index is None else self.classes[self.negative_index]
         self.image_size = image_size
         self.transform = transform
         self.cache = cache

@@ -11,6 +11,10 @@ ones. At the default 0.5 every severity is >= 0.45 (mean ~0.73); measured at 64 
 40 images per class, the faintest defect still changes its image by 18 (scratch) to 27
 (dent) grey levels at its strongest pixel, the median by 41-62 (compare
 `render_image(...)` with `render_image(..., with_defect=False)`).
+
+Two profiles (PROFILES): `quickstart`, the above (64 px colour tiles, 45 % OK, equal
+defect classes), and `plant` (dtrain/data/synth_plant.py: 256-512 px grey and colour
+parts, ~85 % OK, rare classes, small faint defects, several defects on one part).
 """
 
 from __future__ import annotations
@@ -20,18 +24,19 @@ import json
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
 
-from dtrain.data.synth_defects import DEFECTS
+from dtrain.data import synth_plant as plant
+from dtrain.data.synth_defects import CLASSES, DEFECTS, severity
 from dtrain.data.synth_surface import Look, new_canvas, render
 from dtrain.errors import DtrainError
 
 GENERATOR_VERSION = 3
-CLASSES = ["ok", *DEFECTS]  # "ok" first: the negative class
 SPLITS = ("train", "val", "test")
 # Images per process task, and the set size from which worker processes pay off.
 _CHUNK = 64
@@ -59,18 +64,41 @@ def render_image(
     return render(noise_rng, canvas, look, factor)
 
 
-def severity(rng: np.random.Generator, difficulty: float) -> float:
-    """Severity in [floor, 1]; higher difficulty = lower floor and more mass near it."""
-    floor = 0.7 - 0.5 * difficulty
-    return float(floor + (1 - floor) * rng.random() ** (0.5 + difficulty))
+def even_weights(ok_fraction: float) -> list[float]:
+    """`ok_fraction` OK, the rest spread evenly over the defect classes."""
+    return [ok_fraction] + [(1 - ok_fraction) / len(DEFECTS)] * len(DEFECTS)
 
 
-def plan_counts(images: int, split_fractions: tuple[float, float, float], ok_fraction: float) -> dict[str, dict[str, int]]:
-    """Images per split and class: splits by fraction, then in each split `ok_fraction`
-    ok and the rest spread evenly over the defect classes (largest remainders)."""
+@dataclass(frozen=True)
+class Profile:
+    """What a profile renders, how its classes are weighted, and its defaults."""
+
+    render: Callable[..., np.ndarray]  # (seed, split, cls, number, size, difficulty) -> uint8 image
+    weights: Callable[[float], list[float]]  # ok_fraction -> share of every class
+    images: int
+    size: int
+    difficulty: float
+    ok_fraction: float
+    facts: dict  # what the manifest says about the profile, beyond the arguments
+
+
+PROFILES = {
+    "quickstart": Profile(render_image, even_weights, 3000, 64, 0.5, 0.45, {}),
+    "plant": Profile(
+        plant.render_plant_image, plant.class_weights, plant.IMAGES, plant.SIZE, plant.DIFFICULTY, plant.OK_FRACTION,
+        {"sides": "each image [size/2, size] px", "grey_share": plant.MONO_SHARE, "defect_shares": plant.DEFECT_SHARES,
+         "multi_defect_share": plant.MULTI_SHARE, "defect_window": list(plant.WINDOW), "label_rule": plant.LABEL_RULE},
+    ),
+}
+
+
+def plan_counts(
+    images: int, split_fractions: tuple[float, float, float], ok_fraction: float, weights: Callable[[float], list[float]] = even_weights
+) -> dict[str, dict[str, int]]:
+    """Images per split and class: splits by fraction, then in each split the classes by
+    `weights(ok_fraction)` (largest remainders)."""
     split_sizes = _apportion(images, list(split_fractions))
-    defect_share = (1 - ok_fraction) / len(DEFECTS)
-    weights = [ok_fraction] + [defect_share] * len(DEFECTS)
+    weights = weights(ok_fraction)
     return {
         split: dict(zip(CLASSES, _apportion(n, weights))) for split, n in zip(SPLITS, split_sizes)
     }
@@ -93,10 +121,13 @@ def _png_bytes(img: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def _render_chunk(out_dir: str, jobs: list[tuple[int, int, int]], seed: int, size: int, difficulty: float) -> int:
+def _render_chunk(
+    out_dir: str, jobs: list[tuple[int, int, int]], seed: int, size: int, difficulty: float, profile: str = "quickstart"
+) -> int:
+    render_one = PROFILES[profile].render
     for split, cls, number in jobs:
         path = Path(out_dir) / SPLITS[split] / CLASSES[cls] / f"{CLASSES[cls]}_{number:05d}.png"
-        path.write_bytes(_png_bytes(render_image(seed, split, cls, number, size, difficulty)))
+        path.write_bytes(_png_bytes(render_one(seed, split, cls, number, size, difficulty)))
     return len(jobs)
 
 
@@ -116,19 +147,28 @@ def _prepare(out: Path, force: bool) -> None:
 
 def synthesize(
     out_dir: str | Path,
-    images: int = 3000,
-    size: int = 64,
+    images: int | None = None,
+    size: int | None = None,
     seed: int = 0,
     progress: Progress | None = None,
     *,
-    difficulty: float = 0.5,
-    ok_fraction: float = 0.45,
+    profile: str = "quickstart",
+    difficulty: float | None = None,
+    ok_fraction: float | None = None,
     split_fractions: tuple[float, float, float] = (0.6, 0.2, 0.2),
     workers: int | None = None,
     force: bool = False,
 ) -> dict:
     """Write the data set and return its manifest. `progress(k)` is called with the
-    number of images just finished."""
+    number of images just finished. Arguments left None take the profile's defaults
+    (PROFILES); `size` is the plant profile's largest side."""
+    if profile not in PROFILES:
+        raise DtrainError(f"unknown synth profile {profile!r}", f"choose one of: {', '.join(PROFILES)}")
+    spec = PROFILES[profile]
+    images = spec.images if images is None else images
+    size = spec.size if size is None else size
+    difficulty = spec.difficulty if difficulty is None else difficulty
+    ok_fraction = spec.ok_fraction if ok_fraction is None else ok_fraction
     if images < len(SPLITS) * len(CLASSES):
         raise DtrainError(f"--images {images} is too few", f"use at least {len(SPLITS) * len(CLASSES)} (one per split and class)")
     if not 16 <= size <= 2048:
@@ -138,7 +178,7 @@ def synthesize(
     if not 0 < ok_fraction < 1:
         raise DtrainError(f"ok fraction {ok_fraction} is out of range", "choose a value between 0 and 1")
     out = Path(out_dir)
-    counts = plan_counts(images, split_fractions, ok_fraction)
+    counts = plan_counts(images, split_fractions, ok_fraction, spec.weights)
     _prepare(out, force)
     jobs = [
         (si, ci, k)
@@ -151,19 +191,21 @@ def synthesize(
     if workers > 1 and len(jobs) >= _PARALLEL_FROM:
         # spawn: the caller may hold torch threads, which fork does not copy safely.
         with ProcessPoolExecutor(min(workers, len(chunks)), mp_context=get_context("spawn")) as pool:
-            futures = [pool.submit(_render_chunk, str(out), c, seed, size, difficulty) for c in chunks]
+            futures = [pool.submit(_render_chunk, str(out), c, seed, size, difficulty, profile) for c in chunks]
             for fut in as_completed(futures):
                 done = fut.result()
                 if progress:
                     progress(done)
     else:
         for c in chunks:
-            done = _render_chunk(str(out), c, seed, size, difficulty)
+            done = _render_chunk(str(out), c, seed, size, difficulty, profile)
             if progress:
                 progress(done)
     manifest = {
         "generator": "dtrain.data.synth",
         "generator_version": GENERATOR_VERSION,
+        "profile": profile,
+        **spec.facts,
         "seed": seed,
         "images": images,
         "size": size,
@@ -178,9 +220,14 @@ def synthesize(
     return manifest
 
 
-def sample_grid(path: str | Path, seed: int = 0, size: int = 96, per_class: int = 6, difficulty: float = 0.5) -> Path:
-    """A PNG with one row per class (label on the left) for the README."""
+def sample_grid(
+    path: str | Path, seed: int = 0, size: int = 96, per_class: int = 6, difficulty: float = 0.5, profile: str = "quickstart"
+) -> Path:
+    """A PNG with one row per class (label on the left) for the README: images rendered
+    at the profile's size (or `size` if larger), shown as `size` px thumbnails."""
     from PIL import Image, ImageDraw
+
+    spec = PROFILES[profile]
 
     label_w, pad = 70, 2
     grid = Image.new("RGB", (label_w + per_class * (size + pad), len(CLASSES) * (size + pad)), "white")
@@ -189,8 +236,10 @@ def sample_grid(path: str | Path, seed: int = 0, size: int = 96, per_class: int 
         y = ci * (size + pad)
         draw.text((6, y + size // 2 - 6), name, fill="black")
         for k in range(per_class):
-            img = render_image(seed, 0, ci, k, size, difficulty)
-            grid.paste(Image.fromarray(img), (label_w + k * (size + pad), y))
+            thumb = Image.fromarray(spec.render(seed, 0, ci, k, max(size, spec.size), difficulty)).convert("RGB")
+            if thumb.size != (size, size):
+                thumb = thumb.resize((size, size), Image.Resampling.LANCZOS)
+            grid.paste(thumb, (label_w + k * (size + pad), y))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     grid.save(path, format="PNG", compress_level=9)

@@ -131,3 +131,10 @@ DEFECTS: dict[str, Callable[[Rng, Canvas, float], None]] = {
     "crack": crack,
     "pit": pit,
 }
+CLASSES = ["ok", *DEFECTS]  # "ok" first: the negative class
+
+
+def severity(rng: Rng, difficulty: float) -> float:
+    """Severity in [floor, 1]; higher difficulty = lower floor and more mass near it."""
+    floor = 0.7 - 0.5 * difficulty
+    return float(floor + (1 - floor) * rng.random() ** (0.5 + difficulty))

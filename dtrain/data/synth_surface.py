@@ -90,9 +90,10 @@ def machined(rng: Rng, c: Canvas) -> None:
 SURFACES: dict[str, Callable[[Rng, Canvas], None]] = {"brushed": brushed, "cast": cast, "machined": machined}
 
 
-def new_canvas(rng: Rng, n: int) -> tuple[Canvas, str]:
+def blank_canvas(n: int) -> Canvas:
+    """A flat, even, colourless n x n canvas: what a defect changes nothing of."""
     yy, xx = np.mgrid[0:n, 0:n].astype(np.float32)
-    canvas = Canvas(
+    return Canvas(
         n=n,
         xx=xx,
         yy=yy,
@@ -100,6 +101,10 @@ def new_canvas(rng: Rng, n: int) -> tuple[Canvas, str]:
         albedo=np.ones((n, n), np.float32),
         color=np.ones((n, n, 3), np.float32),
     )
+
+
+def new_canvas(rng: Rng, n: int) -> tuple[Canvas, str]:
+    canvas = blank_canvas(n)
     kind = sorted(SURFACES)[int(rng.integers(len(SURFACES)))]
     SURFACES[kind](rng, canvas)
     return canvas, kind

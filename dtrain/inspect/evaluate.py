@@ -6,6 +6,11 @@
   the class-level confusion matrix and per-class figures use the same predictions.
 - `accuracy_argmax`: plain argmax accuracy, no threshold.
 - `binary_accuracy`: OK-vs-defect verdicts at the threshold, whatever the defect class.
+
+`task` is "inspection" there. A model trained without a defect-free class
+(`negative_class` None) is a classifier: `task` "classification", argmax accuracy,
+per-class figures, the confusion matrix and the misclassified images, and no miss,
+false-alarm or threshold figures (a note in `warnings` says why).
 """
 
 from __future__ import annotations
@@ -28,9 +33,15 @@ if TYPE_CHECKING:  # torch is imported only once there is something to predict
 MAX_LISTED_ERRORS = 24
 
 
+NO_NEGATIVE_NOTE = (
+    "no defect-free class (negative_class is null): a classification task; miss-rate, false-alarm "
+    "and threshold figures are left out, since a miss is a defective part judged OK"
+)
+
+
 def summarise(
     classes: list[str],
-    negative_index: int,
+    negative_index: int | None,
     val: Predictions,
     test: Predictions,
     target_miss_rate: float,
@@ -40,6 +51,8 @@ def summarise(
     if len(val) == 0 or len(test) == 0:
         empty = "validation" if len(val) == 0 else "test"
         raise DtrainError(f"the {empty} split has no readable images", "check the data set (dtrain data synth OUT makes one)")
+    if negative_index is None:
+        return summarise_classification(classes, val, test)
     choice = M.choose_threshold(
         M.p_defect(val.probs, negative_index), val.targets != negative_index, target_miss_rate, calibration
     )
@@ -65,6 +78,7 @@ def summarise(
     missed_idx = np.flatnonzero(is_defect & (p_def < t))
     alarm_idx = np.flatnonzero(~is_defect & (p_def >= t))
     return {
+        "task": "inspection",
         "classes": list(classes),
         "negative_class": classes[negative_index],
         "accuracy": M.accuracy(cm),
@@ -94,6 +108,39 @@ def summarise(
         },
         "misses": [_error(test, i, p_def) for i in _worst(missed_idx, p_def, ascending=True)],
         "false_alarms": [_error(test, i, p_def) for i in _worst(alarm_idx, p_def, ascending=False)],
+        "bad_files": sorted(test.bad_files + val.bad_files),
+        "warnings": warnings,
+    }
+
+
+def summarise_classification(classes: list[str], val: Predictions, test: Predictions) -> dict[str, Any]:
+    """The evaluation dict of a model without a negative class: which class, how often right."""
+    pred = test.probs.argmax(axis=1)
+    cm = M.confusion_matrix(test.targets, pred, len(classes))
+    confidence = test.probs.max(axis=1)
+    wrong = np.flatnonzero(pred != test.targets)
+    # Most confident mistakes first: those are the ones a second look at the labels needs.
+    wrong = wrong[np.argsort(-confidence[wrong], kind="stable")][:MAX_LISTED_ERRORS]
+    warnings = [NO_NEGATIVE_NOTE]
+    if test.bad_files or val.bad_files:
+        warnings.append(f"{len(test.bad_files) + len(val.bad_files)} unreadable images were skipped (see bad_files)")
+    return {
+        "task": "classification",
+        "classes": list(classes),
+        "negative_class": None,
+        "accuracy": M.accuracy(cm),
+        "accuracy_argmax": M.accuracy(cm),
+        "per_class": M.per_class(cm, classes),
+        "confusion_matrix": cm.tolist(),
+        "n_images": len(test),
+        "validation": {
+            "n_images": len(val),
+            "accuracy": float(np.mean(val.probs.argmax(axis=1) == val.targets)),
+        },
+        "errors": [
+            {"path": test.paths[i], "label": int(test.targets[i]), "predicted": int(pred[i]), "p": float(confidence[i])}
+            for i in wrong
+        ],
         "bad_files": sorted(test.bad_files + val.bad_files),
         "warnings": warnings,
     }
@@ -146,7 +193,7 @@ def evaluate(
     cfg = _data_config(data, meta)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     classes = list(meta["classes"])
-    negative_index = classes.index(meta["negative_class"])
+    negative_index = None if meta["negative_class"] is None else classes.index(meta["negative_class"])
     preds: dict[str, Predictions] = {}
     for split in (cfg.val_split, cfg.test_split):
         ds = open_split(cfg, split, train=False)
@@ -164,9 +211,21 @@ def evaluate(
     result["checkpoint"] = str(checkpoint)
     result["data_root"] = cfg.root
     result["image_size"] = int(meta["image_size"])
+    # What trained the model (precision, device, processor, world size, seed, torch) and
+    # where this evaluation ran (always fp32: predict_split uses no autocast).
+    result["run"] = meta.get("run")
+    result["eval_device"] = _device_name(dev)
     if out_dir is not None:
         write_outputs(Path(out_dir), result, preds[cfg.test_split])
     return result
+
+
+def _device_name(dev) -> str:
+    import torch
+
+    from dtrain.train.facts import cpu_model
+
+    return f"cuda ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else f"cpu ({cpu_model()})"
 
 
 def _data_config(data: Any, meta: dict[str, Any]):
@@ -193,7 +252,8 @@ def write_outputs(out_dir: Path, result: dict[str, Any], test: Predictions) -> N
     from dtrain.inspect import plots
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    negative_index = result["classes"].index(result["negative_class"])
+    negative = result["negative_class"]
+    negative_index = None if negative is None else result["classes"].index(negative)
     result["plots"] = plots.write_eval_plots(out_dir, result, test.probs, test.targets, negative_index)
     np.savez_compressed(out_dir / "scores.npz", probs=test.probs, targets=test.targets)
     (out_dir / "evaluation.json").write_text(json.dumps(json_safe(result), indent=2) + "\n")

@@ -3,7 +3,9 @@
 Vocabulary (DESIGN.md): P(defect) = 1 - softmax probability of the negative class.
 A part is judged defective iff P(defect) >= threshold; the class shown for a defective
 verdict is the most likely defect class. A *miss* is a defective part judged OK; a
-*false alarm* is an OK part judged defective.
+*false alarm* is an OK part judged defective. Without a negative class
+(`negative_index` None: defect types only, a classification task) every part is
+defective by definition: P(defect) is 1 and the verdict's class is the argmax.
 """
 
 from __future__ import annotations
@@ -45,18 +47,23 @@ def min_defective_for_target(target_miss_rate: float, confidence: float = 0.95) 
     return n
 
 
-def p_defect(probs: np.ndarray, negative_index: int) -> np.ndarray:
-    """P(defect) per row of class probabilities [N, C]."""
-    return 1.0 - np.asarray(probs, dtype=np.float64)[:, negative_index]
+def p_defect(probs: np.ndarray, negative_index: int | None) -> np.ndarray:
+    """P(defect) per row of class probabilities [N, C] (1 without a negative class)."""
+    probs = np.asarray(probs, dtype=np.float64)
+    if negative_index is None:
+        return np.ones(len(probs))
+    return 1.0 - probs[:, negative_index]
 
 
-def decide(probs: np.ndarray, negative_index: int, threshold: float) -> np.ndarray:
+def decide(probs: np.ndarray, negative_index: int | None, threshold: float) -> np.ndarray:
     """Predicted class per image with the decision threshold applied.
 
     Defective verdict (P(defect) >= threshold) -> the argmax over the defect classes;
     otherwise the negative class. At threshold 0.5 on two classes this is plain argmax.
     """
     probs = np.asarray(probs, dtype=np.float64)
+    if negative_index is None:
+        return probs.argmax(axis=1)
     defect_probs = probs.copy()
     defect_probs[:, negative_index] = -np.inf
     pred = defect_probs.argmax(axis=1)

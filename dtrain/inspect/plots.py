@@ -20,9 +20,13 @@ def _pyplot():
 
 
 def write_eval_plots(
-    out_dir: Path, result: dict[str, Any], probs: np.ndarray, targets: np.ndarray, negative_index: int
+    out_dir: Path, result: dict[str, Any], probs: np.ndarray, targets: np.ndarray, negative_index: int | None
 ) -> dict[str, str]:
-    """Write the three evaluation figures; returns {figure: file name in out_dir}."""
+    """Write the evaluation figures; returns {figure: file name in out_dir}. A classification
+    task (no negative class) has only the confusion matrix: there is no P(defect) to plot."""
+    if negative_index is None:
+        confusion_matrix(np.asarray(result["confusion_matrix"]), result["classes"], out_dir / "confusion_matrix.png", "predicted")
+        return {"confusion_matrix": "confusion_matrix.png"}
     p_def = M.p_defect(probs, negative_index)
     is_defect = targets != negative_index
     files = {
@@ -36,14 +40,14 @@ def write_eval_plots(
     return files
 
 
-def confusion_matrix(cm: np.ndarray, classes: list[str], path: Path) -> None:
+def confusion_matrix(cm: np.ndarray, classes: list[str], path: Path, xlabel: str = "predicted (at the threshold)") -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(1.0 + 0.8 * len(classes), 0.6 + 0.8 * len(classes)), dpi=110)
     # Log colour scale: the diagonal has hundreds, the errors that matter have one or two.
     ax.imshow(np.log1p(cm), cmap="Blues")
     ax.set_xticks(range(len(classes)), classes, rotation=45, ha="right")
     ax.set_yticks(range(len(classes)), classes)
-    ax.set_xlabel("predicted (at the threshold)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("true")
     top = np.log1p(cm.max()) if cm.size else 1.0
     for (i, j), v in np.ndenumerate(cm):

@@ -54,9 +54,22 @@ _CALIBRATION_TEXT = {
 }
 
 
-def _summary(report: dict[str, Any]) -> str:
+def _is_classification(report: dict[str, Any]) -> bool:
+    return report.get("negative_class", "") is None
+
+
+def _classification_rows(report: dict[str, Any]) -> list[tuple[str, Any, str]]:
+    val = report.get("validation", {})
+    return [
+        ("test images", report["n_images"], f"{len(report['classes'])} classes, none of them defect-free"),
+        ("accuracy", _pct(report["accuracy"]), "most likely class (argmax)"),
+        ("validation accuracy", _pct(val.get("accuracy")), f"{val.get('n_images', 0)} images"),
+    ]
+
+
+def _inspection_rows(report: dict[str, Any]) -> list[tuple[str, Any, str]]:
     target = report["target_miss_rate"]
-    rows = [
+    return [
         ("test images", report["n_images"], f"{report['n_defective']} defective, {report['n_ok']} OK"),
         ("accuracy (at the threshold)", _pct(report["accuracy"]), f"argmax {_pct(report.get('accuracy_argmax'))}, "
          f"OK/defect {_pct(report.get('binary_accuracy'))}"),
@@ -67,14 +80,37 @@ def _summary(report: dict[str, Any]) -> str:
         ("decision threshold on P(defect)", f"{report['threshold']:.4f}",
          f"chosen on the validation split ({_CALIBRATION_TEXT.get(report.get('calibration', 'rate'), '')})"),
     ]
-    if "world_size" in report:
-        rows.append(("DDP world size", report["world_size"], report.get("backend", "")))
+
+
+def _summary(report: dict[str, Any]) -> str:
+    rows = _classification_rows(report) if _is_classification(report) else _inspection_rows(report)
+    rows += _run_rows(report)
     if "train_time_s" in report:
         rows.append(("training time", f"{report['train_time_s']:.0f} s", f"{report.get('train_images_per_s', 0):.0f} images/s"))
     if "total_time_s" in report:
         rows.append(("whole quickstart", f"{report['total_time_s']:.0f} s", "data + training + evaluation"))
     body = "".join(_row(*r) for r in rows)
     return f"<table class=summary>{_row('figure', 'value', 'detail', head=True)}{body}</table>"
+
+
+def _run_rows(report: dict[str, Any]) -> list[tuple[str, Any, str]]:
+    """What trained the model: a bf16 run and an fp32 run of one recipe score differently."""
+    run = report.get("run")
+    if not run:
+        return [("trained with", "unknown", "the checkpoint predates run facts")]
+    if run.get("device") == "cuda":
+        device = ("device", "cuda", run.get("gpu", ""))
+    else:
+        features = ", ".join(f"{k}: {'yes' if run.get(k) else 'no'}" for k in ("avx512_bf16", "amx"))
+        device = ("device", "cpu", f"{run.get('cpu', '')}; {features}")
+    emulated = " (emulated: this CPU has no native bf16)" if run.get("bf16_native") is False else ""
+    return [
+        ("training precision", run.get("precision"), f"resolved from the config's precision{emulated}"),
+        device,
+        ("DDP world size", run.get("world_size"), report.get("backend", "")),
+        ("seed", run.get("seed"), f"torch {run.get('torch', '')}"),
+        ("evaluated on", report.get("eval_device", ""), "fp32"),
+    ]
 
 
 def _per_class(report: dict[str, Any]) -> str:
@@ -94,7 +130,10 @@ def _samples(title: str, errors: list[dict[str, Any]], classes: list[str]) -> st
     for e in errors[:MAX_SAMPLES]:
         path = Path(e["path"])
         label = classes[e["label"]] if 0 <= e["label"] < len(classes) else e["label"]
-        caption = f"{label}, P(defect) {e['p_defect']:.3f}"
+        if "predicted" in e:  # a classification error: which class it was taken for
+            caption = f"{label} judged {classes[e['predicted']]} (p {e['p']:.3f})"
+        else:
+            caption = f"{label}, P(defect) {e['p_defect']:.3f}"
         cells.append(f"<figure>{_img(path, path.name, 'sample')}<figcaption>{html.escape(caption)}<br>"
                      f"<small>{html.escape(path.name)}</small></figcaption></figure>")
     more = f"<p>{len(errors) - MAX_SAMPLES} more in report.json</p>" if len(errors) > MAX_SAMPLES else ""
@@ -114,10 +153,18 @@ pre{background:#f7f7f7;padding:0.6em;overflow:auto;font-size:0.8em}
 
 def render_html(report: dict[str, Any], eval_dir: Path, curves_png: Path | None = None, title: str = "dtrain report") -> str:
     """The report page; figures are read from `eval_dir` (the files evaluate wrote)."""
-    ok = report["miss_rate"] <= report["target_miss_rate"]
-    verdict = (f"<p class={'pass' if ok else 'fail'}><b>miss rate {_pct(report['miss_rate'])} "
-               f"{'meets' if ok else 'misses'} the {_pct(report['target_miss_rate'])} target</b>; "
-               f"accuracy {_pct(report['accuracy'])}</p>")
+    if _is_classification(report):
+        verdict = f"<p><b>classification: accuracy {_pct(report['accuracy'])}</b> (no defect-free class, so no miss rate)</p>"
+        errors = [_samples("Misclassified test images", report.get("errors", []), report["classes"])]
+    else:
+        ok = report["miss_rate"] <= report["target_miss_rate"]
+        verdict = (f"<p class={'pass' if ok else 'fail'}><b>miss rate {_pct(report['miss_rate'])} "
+                   f"{'meets' if ok else 'misses'} the {_pct(report['target_miss_rate'])} target</b>; "
+                   f"accuracy {_pct(report['accuracy'])}</p>")
+        errors = [
+            _samples("Missed defects (defective judged OK)", report.get("misses", []), report["classes"]),
+            _samples("False alarms (OK judged defective)", report.get("false_alarms", []), report["classes"]),
+        ]
     warnings = "".join(f"<li>{html.escape(w)}</li>" for w in report.get("warnings", []))
     plots = report.get("plots", {})
     parts = [
@@ -131,10 +178,12 @@ def render_html(report: dict[str, Any], eval_dir: Path, curves_png: Path | None 
         "<h2>Evaluation on the test split</h2>",
         "<div class=plots>" + "".join(_img(eval_dir / f, name) for name, f in plots.items()) + "</div>",
         _per_class(report),
-        "<h2>Errors at the threshold</h2>",
-        _samples("Missed defects (defective judged OK)", report.get("misses", []), report["classes"]),
-        _samples("False alarms (OK judged defective)", report.get("false_alarms", []), report["classes"]),
+        "<h2>Errors</h2>",
+        *errors,
     ]
+    if report.get("recipe"):  # dtrain quickstart --data: what the recipe decided from the data, and why
+        rows = "".join(_row(d["field"], d["value"], d["reason"]) for d in report["recipe"])
+        parts += ["<h2>Recipe</h2>", f"<table>{_row('field', 'value', 'reason', head=True)}{rows}</table>"]
     if report.get("config"):
         parts += ["<h2>Configuration</h2>", f"<pre>{html.escape(json.dumps(report['config'], indent=2))}</pre>"]
     parts.append("</body></html>\n")

@@ -67,7 +67,7 @@ class ExportOptions(StrictModel):
 
 def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
     from dtrain import __version__
-    from dtrain.inspect.metrics import choose_threshold, miss_rate
+    from dtrain.inspect.metrics import choose_threshold, miss_rate, p_defect
     from dtrain.train.checkpoint import load_for_inference
 
     out = Path(opts.out)
@@ -83,11 +83,16 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
     ref = reference_logits(wrapped, val.images)
     from dtrain.serve.predictor import softmax64
 
-    neg = classes.index(negative)
-    p_ref = 1.0 - softmax64(ref)[:, neg]
-    is_defect = val.labels != neg
-    choice = choose_threshold(p_ref, is_defect, opts.target_miss_rate, opts.threshold_rule)
-    threshold = float(choice.threshold)
+    neg = None if negative is None else classes.index(negative)
+    p_ref = p_defect(softmax64(ref), neg)
+    is_defect = np.ones(len(val.labels), bool) if neg is None else val.labels != neg
+    threshold_rule = opts.threshold_rule
+    if neg is None:
+        # A classifier (no defect-free class): P(defect) is 1 for every part, every verdict
+        # is "defect" with the most likely class; there is no threshold to choose.
+        threshold, threshold_rule = 0.5, "none (classification)"
+    else:
+        threshold = float(choose_threshold(p_ref, is_defect, opts.target_miss_rate, opts.threshold_rule).threshold)
 
     staged = staging_dir(out)
     try:
@@ -115,7 +120,7 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
             negative_class=negative,
             threshold=threshold,
             target_miss_rate=opts.target_miss_rate,
-            threshold_rule=opts.threshold_rule,
+            threshold_rule=threshold_rule,
             reference_val_miss_rate=miss_rate(p_ref, is_defect, threshold).rate,
             backends={n: B.get_backend(n).network for n in names},
             preferred_backend=preferred,

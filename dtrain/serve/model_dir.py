@@ -55,7 +55,7 @@ class ModelCard(StrictModel):
     checkpoint: str
     preprocessing: Preprocessing
     classes: list[str]
-    negative_class: str
+    negative_class: str | None  # None: a classifier (no defect-free class); verdicts are "defect" + class
     threshold: float = Field(ge=0.0, le=1.0)
     target_miss_rate: float
     threshold_rule: str = "rate"  # model directories written before the field existed used "rate"
@@ -69,8 +69,8 @@ class ModelCard(StrictModel):
     files: dict[str, str] = {}  # file name -> sha256, every file except model.json
 
     @property
-    def negative_index(self) -> int:
-        return self.classes.index(self.negative_class)
+    def negative_index(self) -> int | None:
+        return None if self.negative_class is None else self.classes.index(self.negative_class)
 
 
 def sha256_file(path: Path) -> str:

@@ -35,7 +35,8 @@ def softmax64(logits: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=1, keepdims=True)
 
 
-def judge(logits: np.ndarray, classes: list[str], negative_index: int, threshold: float) -> list[Verdict]:
+def judge(logits: np.ndarray, classes: list[str], negative_index: int | None, threshold: float) -> list[Verdict]:
+    """Without a negative class (a classifier) P(defect) is 1: every verdict is "defect", with the argmax class."""
     from dtrain.inspect.metrics import decide, p_defect
 
     probs = softmax64(logits)

@@ -72,20 +72,27 @@ def reference_logits(wrapped, images: np.ndarray) -> np.ndarray:
     return np.concatenate(out)
 
 
-def verify_backend(run, val: ValData, ref_logits: np.ndarray, negative_index: int, threshold: float) -> Verification:
-    from dtrain.inspect.metrics import false_alarm_rate, miss_rate
+def verify_backend(run, val: ValData, ref_logits: np.ndarray, negative_index: int | None, threshold: float) -> Verification:
+    from dtrain.inspect.metrics import false_alarm_rate, miss_rate, p_defect
     from dtrain.serve.predictor import softmax64
 
     logits = np.concatenate([run(val.images[i : i + REFERENCE_BATCH]) for i in range(0, len(val.images), REFERENCE_BATCH)])
-    p_ref = 1.0 - softmax64(ref_logits)[:, negative_index]
-    p = 1.0 - softmax64(logits)[:, negative_index]
-    is_defect = val.labels != negative_index
+    probs_ref, probs = softmax64(ref_logits), softmax64(logits)
+    p_ref, p = p_defect(probs_ref, negative_index), p_defect(probs, negative_index)
+    if negative_index is None:  # a classifier: its verdict is the class (P(defect) is 1)
+        is_defect = np.ones(len(p), bool)
+        agreement = float(np.mean(probs.argmax(1) == probs_ref.argmax(1)))
+        diff = float(np.max(np.abs(probs - probs_ref)))
+    else:
+        is_defect = val.labels != negative_index
+        agreement = float(np.mean((p >= threshold) == (p_ref >= threshold)))
+        diff = float(np.max(np.abs(p - p_ref)))
     return Verification(
         split=val.split,
         n_images=len(p),
         n_defective=int(is_defect.sum()),
-        verdict_agreement=float(np.mean((p >= threshold) == (p_ref >= threshold))),
-        max_abs_p_defect_diff=float(np.max(np.abs(p - p_ref))),
+        verdict_agreement=agreement,
+        max_abs_p_defect_diff=diff,
         miss_rate=miss_rate(p, is_defect, threshold).rate,
         false_alarm_rate=false_alarm_rate(p, is_defect, threshold).rate,
     )

@@ -21,10 +21,11 @@ from torch import nn
 from dtrain.errors import DtrainError
 
 LAST = "last.pt"
+BEST = "best.pt"  # the lowest validation loss so far (TrainConfig.keep_best)
 # Keys every checkpoint holds (the contract other parts of dtrain read).
 KEYS = (
     "model", "optimizer", "scheduler", "scaler", "epoch", "step", "step_in_epoch", "rng",
-    "config", "classes", "negative_class", "image_size", "mean", "std", "world_size",
+    "config", "classes", "negative_class", "image_size", "mean", "std", "world_size", "run",
 )
 
 
@@ -69,12 +70,12 @@ def atomic_save(obj: Any, path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def publish_last(src: Path) -> Path:
-    """Point `last.pt` at `src` atomically: a hard link when the filesystem has them."""
-    last = src.with_name(LAST)
+def publish_last(src: Path, name: str = LAST) -> Path:
+    """Point `last.pt` (or `name`) at `src` atomically: a hard link when the filesystem has them."""
+    last = src.with_name(name)
     if src == last:
         return last
-    tmp = src.with_name(f".{LAST}.tmp-{os.getpid()}")
+    tmp = src.with_name(f".{name}.tmp-{os.getpid()}")
     tmp.unlink(missing_ok=True)
     try:
         os.link(src, tmp)
@@ -126,5 +127,6 @@ def load_for_inference(path: str | Path, map_location: str | torch.device = "cpu
     model.load_state_dict(ckpt["model"])
     model.to(map_location).eval()
     meta = {k: ckpt[k] for k in ("classes", "negative_class", "image_size", "mean", "std", "config")}
-    meta.update(epoch=ckpt["epoch"], step=ckpt["step"])
+    # "run": what trained it (dtrain.train.facts); absent in checkpoints before it existed.
+    meta.update(epoch=ckpt["epoch"], step=ckpt["step"], run=ckpt.get("run"))
     return model, meta

@@ -44,6 +44,13 @@ class TrainConfig(StrictModel):
     keep_checkpoints: int = Field(3, ge=1)
     log_every: int = Field(10, ge=1)  # steps
     val_every_epoch: bool = True  # loss/accuracy on data.val_split after every epoch
+    # Also keep the epoch with the lowest validation loss as checkpoints/best.pt (needs
+    # val_every_epoch): a long budget then cannot end on a worse epoch than it passed.
+    keep_best: bool = False
+    # Cross-entropy weights per class from the training counts: "sqrt_inverse" weighs
+    # class c by sqrt(n_largest / n_c), so a class of 30 images is not drowned by one of
+    # 3000, without letting its few images dominate as full inverse frequency would.
+    loss_class_weights: Literal["none", "sqrt_inverse"] = "none"
     max_steps: int | None = Field(None, ge=1)  # stop early (tests, benchmarks)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # torch intra-op threads per rank; None = this node's cores / its number of ranks

@@ -96,7 +96,7 @@ class Loaders:
     val: DataLoader | None
     sampler: EpochSampler
     classes: list[str]
-    negative_index: int
+    negative_index: int | None  # None: no defect-free class (a classification task)
     train_set: Dataset
     val_set: Dataset | None
 
@@ -132,4 +132,4 @@ def build_loaders(cfg: DataConfig, ctx: DistContext, *, batch_size: int, seed: i
     val = None
     if val_set is not None and len(val_set):
         val = DataLoader(val_set, batch_size=batch_size * 2, sampler=ShardOf(len(val_set), ctx.rank, ctx.world_size), **kw)
-    return Loaders(train, val, sampler, list(train_set.classes), int(train_set.negative_index), train_set, val_set)
+    return Loaders(train, val, sampler, list(train_set.classes), train_set.negative_index, train_set, val_set)

@@ -30,6 +30,7 @@ from dtrain.models import build_model
 from dtrain.monitor.report import report_step
 from dtrain.train import checkpoint as ckpt
 from dtrain.train import dist, precision
+from dtrain.train.facts import describe, run_facts
 from dtrain.train.config import TrainConfig
 from dtrain.train.loaders import Loaders, build_loaders
 from dtrain.train.logs import NullLog, RunLog
@@ -63,6 +64,7 @@ class State:
     epoch: int = 0  # completed epochs
     step: int = 0  # optimizer steps so far
     step_in_epoch: int = 0  # optimizer steps into the current, unfinished epoch
+    best_val_loss: float = float("inf")  # for keep_best
 
 
 def run(cfg: TrainConfig, resume: bool = False, *, stream: TextIO | None = None) -> TrainResult:
@@ -92,6 +94,8 @@ class _Trainer:
         self.cfg, self.ctx = cfg, ctx
         configure_runtime(cfg, ctx)
         self.precision = precision.resolve(cfg.precision, ctx.device)
+        # Plain values, saved in every checkpoint: what an evaluation report states ran.
+        self.facts = run_facts(ctx.device, self.precision.name, ctx.world_size, cfg.seed)
         self.data: Loaders = build_loaders(cfg.data, ctx, batch_size=cfg.batch_size, seed=cfg.seed)
         self.steps_per_epoch = len(self.data.train) // cfg.grad_accum
         if self.steps_per_epoch == 0:
@@ -101,6 +105,7 @@ class _Trainer:
                 "lower batch_size or grad_accum, or use more images",
             )
         self.total_steps = self.steps_per_epoch * cfg.epochs
+        self.loss_weight = loss_weights(cfg.loss_class_weights, self.data.train_set, len(self.data.classes), ctx.device)
         self.stream = stream
         self.log: NullLog = NullLog()
         self.last_metrics: dict[str, float] = {}
@@ -135,6 +140,7 @@ class _Trainer:
         state.scheduler.load_state_dict(blob["scheduler"])
         state.scaler.load_state_dict(blob["scaler"])
         state.epoch, state.step, state.step_in_epoch = blob["epoch"], blob["step"], blob["step_in_epoch"]
+        state.best_val_loss = float(blob.get("best_val_loss", float("inf")))
         if blob["world_size"] == self.ctx.world_size:
             ckpt.set_rng_state(blob["rng"][self.ctx.rank])
         elif state.step_in_epoch:
@@ -151,6 +157,7 @@ class _Trainer:
         if ctx.is_main:
             Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
             (Path(cfg.output_dir) / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+            (Path(cfg.output_dir) / "run.yaml").write_text(yaml.safe_dump(self.facts, sort_keys=False))
         resumed = self.restore(state) if resume else None
         if ctx.is_main:
             self.log = RunLog(cfg.output_dir, self.stream, resume_step=state.step)
@@ -160,6 +167,9 @@ class _Trainer:
                 f"training {cfg.model.arch} on {len(self.data.classes)} classes: world {ctx.world_size} on {ctx.device.type}, "
                 f"precision {self.precision.name}, {self.steps_per_epoch} steps/epoch x {cfg.epochs} epochs"
             )
+            self.log.message(f"run: {describe(self.facts)}")
+            if self.data.negative_index is None:
+                self.log.message(_no_negative_class_note(cfg.data.negative_class, self.data.classes))
         last_path: Path | None = None
         try:
             self.log.start(self.total_steps, state.step, f"epoch {state.epoch + 1}/{cfg.epochs}")
@@ -169,9 +179,15 @@ class _Trainer:
                     last_path = self.save(state, epoch_end=False)
                     break
                 state.epoch, state.step_in_epoch = state.epoch + 1, 0
-                self.evaluate(state)
-                if state.epoch % cfg.checkpoint_every == 0 or state.epoch == cfg.epochs or self.reached_max(state):
+                val_loss = self.evaluate(state)
+                # val_loss is all-reduced: every rank takes the same branch (save is collective).
+                best = cfg.keep_best and val_loss is not None and val_loss < state.best_val_loss
+                if best:
+                    state.best_val_loss = val_loss
+                if best or state.epoch % cfg.checkpoint_every == 0 or state.epoch == cfg.epochs or self.reached_max(state):
                     last_path = self.save(state, epoch_end=True)
+                    if best and ctx.is_main:
+                        ckpt.publish_last(last_path, ckpt.BEST)
         finally:
             self.log.close()
         return TrainResult(ctx.world_size, state.epoch, state.step, last_path or ckpt.find_resume(cfg.output_dir), self.last_metrics)
@@ -202,8 +218,8 @@ class _Trainer:
                 if empty:
                     loss = self.null_loss(state)
                 else:
-                    with self.precision.autocast(dev):
-                        loss = F.cross_entropy(state.model(images), labels)
+                    with self.precision.autocast(dev):  # autocast runs cross_entropy in fp32
+                        loss = F.cross_entropy(state.model(images), labels, weight=self.loss_weight)
                 state.scaler.scale(loss / accum).backward()
             window.add(loss.detach(), labels.shape[0])
             step_samples += labels.shape[0]
@@ -278,9 +294,10 @@ class _Trainer:
         window.reset()
 
     @torch.no_grad()
-    def evaluate(self, state: State) -> None:
+    def evaluate(self, state: State) -> float | None:
+        """Validation loss and accuracy, logged; returns the loss (None without validation)."""
         if self.data.val is None or not self.cfg.val_every_epoch:
-            return
+            return None
         model, dev = state.raw, self.ctx.device
         model.eval()
         loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
@@ -304,6 +321,7 @@ class _Trainer:
             f"epoch {state.epoch}/{self.cfg.epochs}: train loss {self.last_metrics.get('train_loss', float('nan')):.4f}, "
             f"val loss {values['loss']:.4f}, val accuracy {values['accuracy']:.4f} ({int(n)} images)"
         )
+        return values["loss"] if n else None
 
     def save(self, state: State, *, epoch_end: bool) -> Path:
         rngs = dist.gather_objects(ckpt.rng_state(), self.ctx)
@@ -320,14 +338,36 @@ class _Trainer:
                 "rng": rngs,
                 "config": self.cfg.model_dump(),
                 "classes": self.data.classes,
-                "negative_class": self.data.classes[self.data.negative_index],
+                "negative_class": None if self.data.negative_index is None else self.data.classes[self.data.negative_index],
                 "image_size": self.cfg.data.image_size,
                 "mean": list(MEAN),
                 "std": list(STD),
                 "world_size": self.ctx.world_size,
+                "run": self.facts,
+                "best_val_loss": state.best_val_loss,
             }
             path = ckpt.save(payload, self.cfg.output_dir, epoch_end=epoch_end, keep=self.cfg.keep_checkpoints)
         return path
+
+
+def loss_weights(rule: str, train_set, n_classes: int, device: torch.device) -> torch.Tensor | None:
+    """Per-class cross-entropy weights from the training set's counts (TrainConfig.loss_class_weights)."""
+    if rule == "none":
+        return None
+    counts = np.bincount(np.asarray(train_set.targets, dtype=np.int64), minlength=n_classes).astype(np.float64)
+    # A class without training images gets weight 1: no image of it ever meets the weight.
+    weights = np.where(counts > 0, np.sqrt(counts.max() / np.maximum(counts, 1)), 1.0)
+    return torch.tensor(weights, dtype=torch.float32, device=device)
+
+
+def _no_negative_class_note(configured: str | None, classes: list[str]) -> str:
+    why = "data.negative_class is null" if configured is None else (
+        f"no class is called ok, good or normal (data.negative_class {configured!r})"
+    )
+    return (
+        f"{why}: a classification task over {', '.join(classes)}; evaluation reports accuracy, per-class "
+        "figures and the confusion matrix, no miss rates (set data.negative_class to the defect-free class if there is one)"
+    )
 
 
 class _Window:

@@ -1,0 +1,1 @@
+"""The recipe for a user's own labelled images: statistics (stats.py) -> decisions (decide.py)."""

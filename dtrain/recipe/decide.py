@@ -1,0 +1,163 @@
+"""The recipe's decisions: data statistics -> TrainConfig fields, each with its reason.
+
+Pure functions of `DataStats`. Every default below carries a reason meant to hold for
+surface images in general, not for one data set; `plan` returns them in the order they
+are printed, and `as_config` turns them into the nested dict `train.yaml` holds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from dtrain.recipe.stats import DataStats
+
+# Input side bounds. Below 64 px a ResNet's last stage sees 2x2 maps or less; above 320 px
+# compute (which grows with the side squared) passes hours per 10 000 images on a CPU,
+# and large pictures want tiles at native resolution rather than one shrunken view.
+MIN_SIDE, MAX_SIDE = 64, 320
+# Sides are multiples of 32: every ResNet stage halves the map, five halvings stay exact.
+SIDE_STEP = 32
+# Images seen in training. A from-scratch CNN converges after a number of weight
+# updates, not of epochs: ~470 steps of 64 images. Small sets get more epochs (the
+# augmentation's 8 symmetries and brightness/contrast keep repeats different).
+BUDGET_IMAGES = 30_000
+# At least 5 passes, so that every image of a rare class is seen several times; at most
+# 100, past which a small set is memorised rather than learned.
+MIN_EPOCHS, MAX_EPOCHS = 5, 100
+# Largest/smallest training class beyond which the loss is reweighted: a 3:1 imbalance
+# already moves an argmax towards the large class (and the rare defects are the ones
+# that matter at a plant).
+IMBALANCE = 3.0
+# A class with fewer training images than this is named in a note: its figures are noisy.
+RARE = 20
+# decode-once cache budget per training process (data.cache_decoded).
+CACHE_BYTES = 1 << 30
+BATCH_SIZE = 32  # per rank, as the quickstart: keeps one CPU thread per rank busy
+
+
+@dataclass(frozen=True)
+class Decision:
+    field: str  # dotted TrainConfig path, e.g. "data.image_size"
+    value: Any
+    reason: str
+
+
+def input_side(stats: DataStats) -> Decision:
+    native = stats.median_side
+    half = math.ceil(native / 2 / SIDE_STEP) * SIDE_STEP
+    side = min(native, max(MIN_SIDE, min(MAX_SIDE, half)))
+    why = (
+        f"median shorter side {native} px; half of it (rounded up to {SIDE_STEP}) keeps a defect a few pixels "
+        f"wide at native resolution at least half as wide, within {MIN_SIDE}..{MAX_SIDE} px, never upsampled"
+    )
+    if side < half:
+        why += f" (capped at {MAX_SIDE}: larger pictures would want tiles at native resolution)"
+    wide = sum(r > 1.5 for r in stats.aspect_ratios) / len(stats.aspect_ratios)
+    if wide > 0.5:
+        why += f"; {wide:.0%} of the images are over 1.5:1 and are squashed to a square"
+    return Decision("data.image_size", side, why)
+
+
+def architecture(side: int) -> Decision:
+    return Decision(
+        "model.arch", "small_resnet",
+        f"at {side} px: the small-crop ResNet keeps twice ResNet-18's resolution at every stage (a 3x3 "
+        "full-resolution stem) for the same multiply-adds, with a quarter of the parameters (less to overfit "
+        "on rare classes, less for DDP to all-reduce)",
+    )
+
+
+def loss_weights(stats: DataStats) -> Decision:
+    present = {k: v for k, v in stats.train_counts.items() if v > 0}
+    rare, common = min(present, key=present.get), max(present, key=present.get)
+    ratio = present[common] / present[rare]
+    if ratio >= IMBALANCE:
+        return Decision(
+            "loss_class_weights", "sqrt_inverse",
+            f"{rare} has {present[rare]} training images, {common} {present[common]} ({ratio:.0f}:1, over "
+            f"{IMBALANCE:.0f}:1): weights sqrt(n_largest / n_class) lift rare classes without letting their few "
+            "images dominate",
+        )
+    return Decision("loss_class_weights", "none", f"classes within {ratio:.1f}:1 (under {IMBALANCE:.0f}:1): no reweighting")
+
+
+def epochs(stats: DataStats) -> Decision:
+    n = stats.n_train
+    e = min(MAX_EPOCHS, max(MIN_EPOCHS, math.ceil(BUDGET_IMAGES / n)))
+    return Decision(
+        "epochs", e,
+        f"a budget of {BUDGET_IMAGES} images seen over {n} training images "
+        f"({e * n} seen; {MIN_EPOCHS}..{MAX_EPOCHS} epochs)",
+    )
+
+
+def validation(stats: DataStats) -> list[Decision]:
+    if stats.n_val == 0:
+        reason = "no validation images: nothing to validate on each epoch"
+        return [Decision("val_every_epoch", False, reason), Decision("keep_best", False, reason)]
+    return [
+        Decision("val_every_epoch", True, f"{stats.n_val} validation images, one inference pass per epoch"),
+        Decision("keep_best", True, "the budget is fixed in advance: the epoch with the lowest validation loss is "
+                 "kept as best.pt and evaluated, so a late bad epoch costs nothing"),
+    ]
+
+
+def negative_class(stats: DataStats) -> Decision:
+    if stats.negative_class is None:
+        return Decision("data.negative_class", None, "no class is called ok, good or normal: a classification task "
+                        "(accuracy and per-class figures, no miss rate)")
+    return Decision("data.negative_class", stats.negative_class, "the defect-free class: misses are measured against it")
+
+
+def augmentation(stats: DataStats) -> Decision:
+    return Decision(
+        "data.augment", True,
+        f"{stats.grey_share:.0%} of the sampled images are grey (decoded to three equal channels); the augmentation "
+        "changes orientation (8 symmetries), brightness and contrast, never hue, so it suits grey and colour alike",
+    )
+
+
+def cache(stats: DataStats, side: int) -> Decision:
+    need = stats.n_train * 3 * side * side
+    fits = need <= CACHE_BYTES
+    return Decision(
+        "data.cache_decoded", fits,
+        f"the decoded training set is {need / 2**20:.0f} MiB at {side} px "
+        + ("(within 1 GiB per process): decode once instead of every epoch" if fits else "(over 1 GiB per process): decode per epoch"),
+    )
+
+
+def plan(stats: DataStats) -> list[Decision]:
+    side = input_side(stats)
+    return [
+        negative_class(stats), side, architecture(side.value), cache(stats, side.value), augmentation(stats),
+        loss_weights(stats), epochs(stats), *validation(stats),
+        Decision("batch_size", BATCH_SIZE, "per process; keeps one CPU thread per rank busy"),
+    ]
+
+
+def notes(stats: DataStats) -> list[str]:
+    """What the decisions cannot fix, in words for the report."""
+    out = []
+    rare = {k: v for k, v in stats.train_counts.items() if v < RARE}
+    if rare:
+        out.append("few training images for " + ", ".join(f"{k} ({v})" for k, v in sorted(rare.items()))
+                   + f": under {RARE}, their accuracy figures are noisy and the model may not generalise")
+    missing = [k for k in stats.classes if stats.val_counts.get(k, 0) == 0 and stats.n_val]
+    if missing:
+        out.append(f"no validation images of {', '.join(missing)}")
+    return out
+
+
+def as_config(decisions: list[Decision]) -> dict[str, Any]:
+    """{"data.image_size": 256, ...} -> {"data": {"image_size": 256}, ...}."""
+    out: dict[str, Any] = {}
+    for d in decisions:
+        *parents, leaf = d.field.split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = d.value
+    return out

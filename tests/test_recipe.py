@@ -1,0 +1,135 @@
+"""The recipe for a user's own images: statistics -> TrainConfig fields with reasons,
+and `dtrain quickstart --data ROOT` end to end (tiny)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from dtrain.configio import validate
+from dtrain.quickstart import TRAIN, _merged
+from dtrain.recipe import decide as D
+from dtrain.recipe.stats import DataStats, gather
+from dtrain.train.config import TrainConfig
+from dtrain.train.trainer import loss_weights
+
+
+def _stats(side=256, counts=None, val=None, grey=0.0, aspect=1.0, negative="ok") -> DataStats:
+    counts = counts or {"ok": 1500, "scratch": 80, "pit": 30}
+    return DataStats(
+        classes=sorted(counts), negative_class=negative, train_counts=counts,
+        val_counts=val if val is not None else {k: max(1, v // 3) for k, v in counts.items()},
+        short_sides=[side] * 9, aspect_ratios=[aspect] * 9, grey_share=grey,
+    )
+
+
+@pytest.mark.parametrize("native, side", [(32, 32), (64, 64), (200, 128), (512, 256), (1200, 320)])
+def test_input_side_halves_native_within_bounds_and_never_upsamples(native, side):
+    d = D.input_side(_stats(side=native))
+    assert d.field == "data.image_size" and d.value == side
+    assert ("capped" in d.reason) == (native == 1200)
+
+
+def test_wide_images_are_said_to_be_squashed():
+    assert "squashed" in D.input_side(_stats(aspect=2.0)).reason
+    assert "squashed" not in D.input_side(_stats(aspect=1.2)).reason
+
+
+def test_rare_classes_get_loss_weights_and_a_note():
+    d = D.loss_weights(_stats())
+    assert d.value == "sqrt_inverse" and "pit has 30" in d.reason
+    assert D.loss_weights(_stats(counts={"a": 100, "b": 60, "c": 40})).value == "none"
+    assert any("few training images" in n and "crack (12)" in n for n in D.notes(_stats(counts={"ok": 500, "crack": 12})))
+
+
+def test_epochs_from_a_budget_of_images_seen():
+    assert D.epochs(_stats(counts={"ok": 1200, "a": 600})).value == 17  # ceil(30000 / 1800)
+    assert D.epochs(_stats(counts={"ok": 500_000, "a": 100_000})).value == D.MIN_EPOCHS
+    assert D.epochs(_stats(counts={"ok": 100, "a": 50})).value == D.MAX_EPOCHS
+
+
+def test_validation_and_negative_class_decisions():
+    fields = {d.field: d.value for d in D.plan(_stats())}
+    assert fields["val_every_epoch"] is True and fields["keep_best"] is True
+    none = {d.field: d.value for d in D.plan(_stats(val={}, negative=None))}
+    assert none["val_every_epoch"] is False and none["keep_best"] is False and none["data.negative_class"] is None
+    assert "grey" in D.augmentation(_stats(grey=1.0)).reason
+
+
+def test_every_decision_is_a_trainconfig_field():
+    decisions = D.plan(_stats())
+    assert all(d.reason for d in decisions)
+    cfg = validate(TrainConfig, _merged(TRAIN, D.as_config(decisions)), "the recipe")
+    assert cfg.data.image_size == 128 and cfg.loss_class_weights == "sqrt_inverse" and cfg.keep_best
+
+
+def test_gather_reads_counts_sizes_and_colour(synth_data):
+    from dtrain.data.config import DataConfig
+
+    manifest = json.loads((synth_data / "manifest.json").read_text())
+    stats = gather(DataConfig(root=str(synth_data)))
+    assert stats.train_counts == manifest["counts"]["train"] and stats.val_counts == manifest["counts"]["val"]
+    assert stats.negative_class == "ok" and set(stats.short_sides) == {32} and stats.grey_share == 0.0
+
+
+def test_gather_finds_grey_images(tmp_path):
+    from PIL import Image
+
+    from dtrain.data.config import DataConfig
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for cls in ("crazing", "pitted"):
+            (tmp_path / split / cls).mkdir(parents=True)
+            for k in range(3):
+                grey = rng.integers(0, 255, (40, 60), dtype=np.uint8)
+                img = Image.fromarray(grey) if k else Image.fromarray(np.stack([grey] * 3, axis=2))  # grey stored as RGB
+                img.save(tmp_path / split / cls / f"{k}.png")
+    stats = gather(DataConfig(root=str(tmp_path)))
+    assert stats.grey_share == 1.0 and stats.negative_class is None and stats.short_sides[0] == 40
+
+
+def test_layout_detection(synth_data, tmp_path):
+    from dtrain.errors import DtrainError
+    from dtrain.recipe.stats import detect_layout
+
+    assert detect_layout(synth_data) == "imagefolder"
+    (tmp_path / "bottle" / "train" / "good").mkdir(parents=True)
+    assert detect_layout(tmp_path) == "mvtec" and detect_layout(tmp_path / "bottle") == "mvtec"
+    with pytest.raises(DtrainError, match="neither ImageFolder"):
+        detect_layout(tmp_path / "bottle" / "train")
+    with pytest.raises(DtrainError, match="not found"):
+        detect_layout(tmp_path / "absent")
+
+
+def test_sqrt_inverse_loss_weights():
+    class Train:
+        targets = [0] * 400 + [1] * 100 + [2] * 25
+
+    w = loss_weights("sqrt_inverse", Train(), 4, torch.device("cpu"))
+    assert w.tolist() == pytest.approx([1.0, 2.0, 4.0, 1.0])  # class 3 has no image: weight 1
+    assert loss_weights("none", Train(), 4, torch.device("cpu")) is None
+
+
+def test_quickstart_data_decides_trains_and_reports(synth_data, tmp_path, dtrain_cmd, dtrain_home):
+    work = tmp_path / "qs"
+    argv = [*dtrain_cmd, "quickstart", "--data", str(synth_data), "--workdir", str(work), "--epochs", "2", "--nproc", "1"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "recipe: data.image_size = 32" in proc.stdout and "recipe: epochs = 2  (--epochs)" in proc.stdout
+    cfg = yaml.safe_load((work / "train.yaml").read_text())
+    assert cfg["data"]["root"] == str(synth_data) and cfg["keep_best"] is True and cfg["val_every_epoch"] is True
+    best = torch.load(work / "train" / "checkpoints" / "best.pt", map_location="cpu", weights_only=False)
+    val = [json.loads(line) for line in (work / "train" / "metrics.jsonl").read_text().splitlines() if '"val"' in line]
+    assert len(val) == 2 and best["epoch"] == min(val, key=lambda r: r["loss"])["epoch"]
+    assert best["best_val_loss"] == pytest.approx(min(r["loss"] for r in val))
+    report = json.loads((work / "report.json").read_text())
+    assert report["evaluated_checkpoint"] == "best.pt"
+    assert {d["field"] for d in report["recipe"]} >= {"data.image_size", "epochs", "loss_class_weights", "keep_best"}
+    assert "<h2>Recipe</h2>" in (work / "report.html").read_text()
+    assert not (work / "data").exists()  # nothing synthesised
