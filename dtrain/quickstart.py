@@ -212,11 +212,10 @@ def run_quickstart(opts: QuickstartOptions, stream: TextIO = sys.stdout) -> dict
 
 def _training_figures(checkpoint: Path, train_dir: Path, train_time: float) -> dict[str, Any]:
     """World size from the checkpoint, throughput from the trainer's metrics log."""
-    import torch
-
     from dtrain.inspect.report import read_jsonl
+    from dtrain.train.checkpoint import load
 
-    blob = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    blob = load(checkpoint)
     rows = read_jsonl(train_dir / "metrics.jsonl")
     rates = [r["images_per_s"] for r in rows if r.get("kind") == "train" and "images_per_s" in r]
     val = [r for r in rows if r.get("kind") == "val"]

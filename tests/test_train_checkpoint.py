@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -10,10 +14,11 @@ import torch
 from dtrain.models import ModelConfig, build_model
 from dtrain.train import checkpoint as ckpt
 from dtrain.train.schedule import warmup_cosine
+from tests.conftest import REPO
 
 
 def test_checkpoint_holds_the_contract(trained_checkpoint):
-    blob = torch.load(trained_checkpoint, map_location="cpu", weights_only=False)
+    blob = torch.load(trained_checkpoint, map_location="cpu", weights_only=True)  # plain types only
     for key in ckpt.KEYS:
         assert key in blob, key
     assert blob["epoch"] == 2 and blob["step_in_epoch"] == 0 and blob["step"] > 0
@@ -78,3 +83,27 @@ def test_atomic_save_leaves_no_temporary_files(tmp_path):
     last = ckpt.publish_last(tmp_path / "a.pt")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pt", "last.pt"]
     assert torch.equal(torch.load(last)["x"], torch.ones(3))
+
+
+def test_resume_after_a_kill_leaves_no_temporary_files_or_duplicate_rows(trained_checkpoint, synth_data, tmp_path):
+    """What a SIGKILL leaves: a writer's .last.pt.tmp-PID, metrics rows of steps after
+    last.pt (the resumed run logs them again) and a torn last row."""
+    run = tmp_path / "run"
+    shutil.copytree(trained_checkpoint.parent.parent, run)
+    folder = run / "checkpoints"
+    (folder / ".last.pt.tmp-99999").write_bytes(b"half a checkpoint")
+    done = torch.load(folder / "last.pt", map_location="cpu", weights_only=True)["step"]
+    with open(run / "metrics.jsonl", "a") as fh:
+        # The killed run got as far as epoch 3's validation: the resumed one logs it again.
+        fh.write(json.dumps({"kind": "val", "step": done + done // 2, "epoch": 3, "loss": 1.0}) + "\n")
+        fh.write('{"kind": "train", "step": ')
+    sets = {"data.root": synth_data, "data.image_size": 32, "data.num_workers": 0, "epochs": 3, "batch_size": 16,
+            "precision": "fp32", "optim.warmup_steps": 4, "log_every": 5, "output_dir": run, "device": "cpu", "threads": 1}
+    argv = [sys.executable, "-m", "dtrain.train", "--resume"] + [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not list(folder.glob(".*tmp*"))
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    keys = [(r["kind"], r["step"]) for r in rows]
+    assert len(keys) == len(set(keys)), "duplicate metrics rows"
+    assert max(r["step"] for r in rows) > done and rows[-1]["epoch"] == 3

@@ -96,27 +96,45 @@ def inspect(
 def serve(
     model_dir: Path = typer.Argument(..., help="A model directory from `dtrain export`."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 for every interface)."),
-    port: int = typer.Option(8000, "--port", min=0, max=65535),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on (0: any free one, printed)."),
     max_batch: int = typer.Option(32, "--max-batch", min=1, help="Largest micro-batch."),
     max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", min=0.0, help="How long an image may wait for batch mates."),
     max_body_mb: float = typer.Option(64.0, "--max-body-mb", min=0.001, help="Largest request body."),
     max_megapixels: float = typer.Option(40.0, "--max-megapixels", min=0.001, help="Largest image, checked before decoding."),
+    max_decode_mb: float = typer.Option(160.0, "--max-decode-mb", min=0.001,
+                                        help="Largest decoded image (pixels x bytes per pixel), checked before decoding."),
+    max_decodes: int = typer.Option(4, "--max-decodes", min=1, help="Images decoded at the same time, by all requests."),
+    request_timeout_s: float = typer.Option(60.0, "--request-timeout-s", min=0.001, help="A request gets a 504 after this."),
     backend: str | None = typer.Option(None, "--backend", help="Override the model directory's preferred backend."),
 ) -> None:
-    """Serve the model over HTTP: POST /inspect, /healthz, /metrics, /docs."""
+    """Serve the model over HTTP: POST /inspect, /healthz, /metrics, /openapi.json."""
+    import socket
+
     import uvicorn
 
     from dtrain.configio import validate
+    from dtrain.errors import DtrainError
     from dtrain.serve.app import ServeLimits, create_app
     from dtrain.serve.predictor import Predictor
 
     limits = validate(ServeLimits, {
         "max_batch": max_batch, "max_wait_ms": max_wait_ms, "max_body_bytes": int(max_body_mb * 1024 * 1024),
-        "max_pixels": int(max_megapixels * 1_000_000),
+        "max_pixels": int(max_megapixels * 1_000_000), "max_decode_bytes": int(max_decode_mb * 1_000_000),
+        "max_decodes": max_decodes, "request_timeout_s": request_timeout_s,
     }, "the command line")
     predictor = Predictor(model_dir, backend)
-    typer.echo(f"serving {model_dir} on http://{host}:{port} (backend {predictor.backend}; docs at /docs)", err=True)
-    uvicorn.run(create_app(predictor, limits), host=host, port=port, log_level="warning")
+    # Bound here, before uvicorn starts, so that "serving on" is only ever printed for a
+    # socket that listens, with the real port when --port 0 asked for any.
+    try:
+        sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+    except OSError as exc:
+        raise DtrainError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+                          "choose another --port (or --host), or stop what listens there") from None
+    bound = sock.getsockname()[1]
+    # SIGTERM and Ctrl-C: uvicorn stops accepting, gives running requests a few seconds, then ends.
+    server = uvicorn.Server(uvicorn.Config(create_app(predictor, limits), log_level="warning", timeout_graceful_shutdown=5))
+    typer.echo(f"serving {model_dir} on http://{host}:{bound} (backend {predictor.backend}; API at /openapi.json)", err=True)
+    server.run(sockets=[sock])
 
 
 def register(app: typer.Typer) -> None:

@@ -11,22 +11,14 @@ on. Squashing instead of cropping keeps a defect near the border in the picture.
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
-from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-# torchvision 0.29 marks its image codecs deprecated in favour of torchcodec (not a
-# dependency here); the codecs still work, and the warning would fire in every
-# DataLoader worker and bury real ones.
-warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision", category=DeprecationWarning)
-
-# torchvision decodes these natively; the rest go through Pillow.
-_NATIVE = frozenset({".png", ".jpg", ".jpeg", ".webp", ".gif"})
+from dtrain.data.decode import decode
 
 # ImageNet statistics: a `pretrained: PATH` ResNet expects them, and for random init
 # any fixed affine map is as good as another. Stored in every checkpoint.
@@ -34,39 +26,21 @@ MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 
 
-def decode_uint8(data: torch.Tensor) -> torch.Tensor:
-    """Encoded image bytes (uint8 1-D tensor) -> uint8 [3, H, W] RGB.
-
-    Grey and RGBA files become RGB; 16-bit PNGs are reduced to 8 bits.
-    """
-    img = decode_image(data, mode=ImageReadMode.RGB)
-    if img.dtype == torch.uint16:
-        img = (img.to(torch.int32) >> 8).to(torch.uint8)
-    return img
-
-
 def decode_bytes(data: bytes | bytearray | memoryview) -> torch.Tensor:
-    """Encoded image of any format Pillow knows -> uint8 [3, H, W]; torchvision's
-    decoder first (PNG/JPEG/WebP/GIF, fast), Pillow for the rest (BMP, TIFF)."""
-    try:
-        return decode_uint8(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-    except RuntimeError:
-        import io
+    """Encoded image -> uint8 [3, H, W] by dtrain's one decoder (dtrain.data.decode):
+    raises ImageRefused (a ValueError) for an animated, unsupported or damaged file."""
+    return decode(bytes(data))
 
-        from PIL import Image
 
-        with Image.open(io.BytesIO(data)) as im:
-            return F.pil_to_tensor(im.convert("RGB"))
+def decode_uint8(data: torch.Tensor) -> torch.Tensor:
+    """The same, for encoded bytes in a uint8 1-D tensor."""
+    return decode(data.numpy().tobytes())
 
 
 def read_image(path: str | Path) -> torch.Tensor:
-    """One file -> uint8 [3, H, W]; raises RuntimeError / OSError / ValueError when the
-    file is missing, damaged or not an image."""
-    if Path(path).suffix.lower() in _NATIVE:
-        from torchvision.io import read_file
-
-        return decode_uint8(read_file(str(path)))
-    return decode_bytes(Path(path).read_bytes())
+    """One file -> uint8 [3, H, W]; raises OSError when the file cannot be read and
+    ImageRefused (a ValueError) when it is not an image dtrain decodes."""
+    return decode(Path(path).read_bytes())
 
 
 def resize_uint8(img: torch.Tensor, size: int) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """`build_model`: a ResNet by name (torchvision's, or dtrain's small-crop one), any class count and input size.
 
 Weights are never downloaded: torchvision's builders get `weights=None`, and
-`pretrained: PATH` reads a local file (a plain state_dict or a dtrain checkpoint). When
+`pretrained: PATH` reads a local file (a plain state_dict or a dtrain checkpoint, loaded
+weights-only: a file holding other Python objects is refused unread). When
 the file's classifier head has another number of classes, the head is left at its random
 init and everything else is loaded, the usual fine-tuning start.
 """
@@ -12,7 +13,6 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-import torch
 from torch import nn
 from torchvision import models as tvm
 
@@ -52,10 +52,9 @@ def load_weights(model: nn.Module, path: str | Path) -> list[str]:
     path = Path(path).expanduser()
     if not path.is_file():
         raise ConfigError(f"pretrained weights not found: {path}", "model.pretrained must be a local file (nothing is downloaded)")
-    try:
-        blob = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # torch raises several types for a file that is not a checkpoint
-        raise ConfigError(f"cannot read weights from {path}: {exc}", "pass a torch.save'd state_dict or a dtrain checkpoint") from None
+    from dtrain.train.checkpoint import load_weights_only
+
+    blob = load_weights_only(path, "weights file", ConfigError)
     state = blob.get("model", blob) if isinstance(blob, dict) else None
     if not isinstance(state, dict):
         raise ConfigError(f"{path} holds no state_dict", "pass a torch.save'd state_dict or a dtrain checkpoint")

@@ -1,13 +1,22 @@
-"""The HTTP inspection service (FastAPI): POST /inspect, /healthz, /metrics, /docs.
+"""The HTTP inspection service (FastAPI): POST /inspect, /healthz, /metrics, /openapi.json.
 
 Untrusted input is checked in order of cost: the request body size (before it is
-read), each image's pixel count from its header (before it is decoded), then the
-decode itself; a refusal is a 413 or a 422 with a message, and the service goes on.
-Decoding runs in worker threads; inference in the micro-batcher's single thread.
+read), each image's pixel count and decode memory from its header (before it is
+decoded), then the decode itself; a refusal is a 413 or a 422 with a message, and the
+service goes on. Decoding runs in worker threads, at most `max_decodes` at a time (so
+memory stays bounded by max_decodes x max_decode_bytes however many clients upload at
+once); inference in the micro-batcher's single thread. A request that takes longer
+than `request_timeout_s` gets a 504; every answer, 500s included, is counted in /metrics.
+
+There is no /docs page: FastAPI's loads Swagger UI from a CDN, which an inspection PC
+cannot reach, and no installed package ships its assets. /openapi.json describes the API.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
 import time
 from contextlib import asynccontextmanager
 
@@ -19,7 +28,9 @@ from pydantic import BaseModel, Field
 from dtrain import __version__
 from dtrain.configio import StrictModel
 from dtrain.serve.batching import MicroBatcher
-from dtrain.serve.images import DEFAULT_MAX_PIXELS, ImageRejected, prepare_bytes
+from dtrain.serve.images import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS, ImageRejected, prepare_bytes
+
+log = logging.getLogger("dtrain.serve")
 
 
 class ServeLimits(StrictModel):
@@ -28,6 +39,9 @@ class ServeLimits(StrictModel):
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1)
     max_pixels: int = Field(DEFAULT_MAX_PIXELS, ge=1)
     max_images_per_request: int = Field(256, ge=1)
+    max_decode_bytes: int = Field(DEFAULT_MAX_DECODE_BYTES, ge=1)
+    max_decodes: int = Field(4, ge=1, description="images decoded at the same time, by all requests together")
+    request_timeout_s: float = Field(60.0, gt=0.0)
 
 
 class ImageVerdict(BaseModel):
@@ -95,6 +109,7 @@ def create_app(predictor, limits: ServeLimits | None = None) -> FastAPI:
         predictor.predict, max_batch=limits.max_batch, max_wait_s=limits.max_wait_ms / 1000.0, on_batch=batch_sizes.observe
     )
     card = predictor.card
+    decode_slots = threading.BoundedSemaphore(limits.max_decodes)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -108,29 +123,44 @@ def create_app(predictor, limits: ServeLimits | None = None) -> FastAPI:
         description=f"Surface-defect verdicts from the {card.arch} model ({', '.join(card.classes)}); "
         f"a part is a defect when P(defect) >= {card.threshold:.4f}.",
         lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
     )
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
 
     @app.middleware("http")
     async def measure(request: Request, call_next):
         start = time.perf_counter()
-        response = await call_next(request)
+        try:
+            response = await call_next(request)
+        except Exception as exc:  # a bug, not the client's fault: answered, logged and counted
+            log.exception("%s %s failed", request.method, request.url.path)
+            response = JSONResponse({"detail": f"internal error: {type(exc).__name__}: {exc}"}, status_code=500)
         path = request.url.path if request.url.path in ("/inspect", "/healthz", "/metrics") else "other"
         requests.labels(path, str(response.status_code)).inc()
         latency.labels(path).observe(time.perf_counter() - start)
         return response
 
     refusals = {413: {"model": ErrorBody, "description": "body or image too large"},
-                422: {"model": ErrorBody, "description": "not a readable image"}}
+                422: {"model": ErrorBody, "description": "not a readable image"},
+                503: {"model": ErrorBody, "description": "the service is broken (see /healthz)"},
+                504: {"model": ErrorBody, "description": f"no answer within {limits.request_timeout_s:g} s"}}
 
     @app.post("/inspect", response_model=InspectResponse, response_model_by_alias=True, responses=refusals)
     async def inspect(files: list[UploadFile] = File(..., description="one or several image files")) -> InspectResponse:
         """Judge each uploaded image: verdict, class and P(defect)."""
         if len(files) > limits.max_images_per_request:
             raise HTTPException(413, f"{len(files)} images in one request, above the limit of {limits.max_images_per_request}")
+        if batcher.dead:
+            raise HTTPException(503, f"the inspection service is broken ({batcher.dead}); restart it")
         blobs = [(f.filename or f"image{i}", await f.read()) for i, f in enumerate(files)]
-        images = await run_in_threadpool(_prepare_all, blobs, predictor.image_size, limits.max_pixels)
-        results = await batcher.submit_many(images)
+        try:
+            async with asyncio.timeout(limits.request_timeout_s):
+                images = await run_in_threadpool(_prepare_all, blobs, predictor.image_size, limits, decode_slots)
+                results = await batcher.submit_many(images)
+        except TimeoutError:
+            raise HTTPException(504, f"no verdict within {limits.request_timeout_s:g} s (the service is overloaded "
+                                     "or stuck); retry, and check /healthz") from None
         for r in results:
             verdicts.labels(r.verdict).inc()
         return InspectResponse(
@@ -140,9 +170,11 @@ def create_app(predictor, limits: ServeLimits | None = None) -> FastAPI:
             backend=predictor.backend,
         )
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, object]:
-        return {"status": "ok", "backend": predictor.backend, "classes": card.classes, "threshold": card.threshold}
+    @app.get("/healthz", responses={503: {"description": "the batching task died: restart the service"}})
+    async def healthz() -> JSONResponse:
+        if batcher.dead:
+            return JSONResponse({"status": "broken", "detail": batcher.dead}, status_code=503)
+        return JSONResponse({"status": "ok", "backend": predictor.backend, "classes": card.classes, "threshold": card.threshold})
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
@@ -151,11 +183,14 @@ def create_app(predictor, limits: ServeLimits | None = None) -> FastAPI:
     return app
 
 
-def _prepare_all(blobs: list[tuple[str, bytes]], size: int, max_pixels: int):
+def _prepare_all(blobs: list[tuple[str, bytes]], size: int, limits: ServeLimits, slots: threading.BoundedSemaphore):
     out = []
     for name, data in blobs:
         try:
-            out.append(prepare_bytes(data, size, max_pixels))
+            # The slot is held by this thread, not the request: a request that timed out
+            # keeps it until its decode really ends, so the cap holds.
+            with slots:
+                out.append(prepare_bytes(data, size, limits.max_pixels, limits.max_decode_bytes))
         except ImageRejected as exc:
             raise HTTPException(exc.status, f"{name}: {exc.message}") from None
     return out

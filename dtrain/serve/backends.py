@@ -1,6 +1,9 @@
 """Inference backends, registered by name: each turns a network file of a model directory
 into a callable `uint8 [B, 3, S, S] -> float32 logits [B, C]`.
 
+A torch.export program is loaded weights-only (`load_program`): model.pt2 is a zip of
+pickles, and a crafted one would otherwise run code when loaded.
+
 Normalisation lives inside every exported network (see export.py), so a backend only
 moves bytes in and logits out; P(defect) and verdicts are computed once, in
 predictor.py, the same way for all of them.
@@ -9,8 +12,11 @@ predictor.py, the same way for all of them.
 from __future__ import annotations
 
 import difflib
+import os
+import pickle
 import shutil
 import time
+import zipfile
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
@@ -107,7 +113,7 @@ class _Torch(Backend):
     def _module(self, path: Path):
         import torch
 
-        program = torch.export.load(str(path))
+        program = load_program(path)
         if torch.cuda.is_available():
             from torch.export.passes import move_to_device_pass
 
@@ -127,6 +133,39 @@ class _Torch(Backend):
                 return module(x).float().cpu().numpy()
 
         return run
+
+
+def load_program(path: Path):
+    """torch.export.load without running code from the file. A .pt2 archive holds pickles,
+    which torch.export.load reads with weights_only=False (or falls back to it), so every
+    torch.load inside it is forced weights-only, and an archive with pickled objects
+    (custom or opaque constants, which dtrain export never writes) is refused unread."""
+    import torch
+    from torch.export.pt2_archive.constants import CUSTOM_OBJ_FILENAME_PREFIX, OPAQUE_OBJ_FILENAME_PREFIX
+
+    refusal = f"refused to load {path}: the program holds Python objects besides tensors, which could run code when loaded"
+    hint = "export the model again with dtrain export"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise DtrainError(f"cannot read {path} as a torch.export program: {exc}", hint) from None
+    if any(Path(n).name.startswith((CUSTOM_OBJ_FILENAME_PREFIX, OPAQUE_OBJ_FILENAME_PREFIX)) for n in names):
+        raise DtrainError(refusal, hint)
+    previous = os.environ.get(FORCE_WEIGHTS_ONLY)
+    os.environ[FORCE_WEIGHTS_ONLY] = "1"  # read by torch.load at every call
+    try:
+        return torch.export.load(str(path))
+    except pickle.UnpicklingError:
+        raise DtrainError(refusal, hint) from None
+    finally:
+        if previous is None:
+            del os.environ[FORCE_WEIGHTS_ONLY]
+        else:
+            os.environ[FORCE_WEIGHTS_ONLY] = previous
+
+
+FORCE_WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 
 
 @register

@@ -6,11 +6,17 @@ and hands the stack to a single inference thread. While that thread works, new i
 queue up, so under load batches grow by themselves and at low load an image waits at
 most `max_wait_s`. One inference thread, because the backends already use every core
 for one batch; two would only fight over them.
+
+Whatever goes wrong with one batch (a backend error, images that do not stack, a
+result count that does not match) fails that batch's requests and nothing else. Should
+the collector task end anyway, `dead` says why (the service's /healthz turns 503) and
+every waiting request fails at once instead of hanging.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Generic, TypeVar
@@ -18,6 +24,7 @@ from typing import Generic, TypeVar
 import numpy as np
 
 T = TypeVar("T")
+log = logging.getLogger("dtrain.serve")
 
 
 class MicroBatcher(Generic[T]):
@@ -38,13 +45,31 @@ class MicroBatcher(Generic[T]):
         self._queue: asyncio.Queue[tuple[np.ndarray, asyncio.Future[T]]] | None = None
         self._task: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self._stopping = False
+        self.dead: str | None = None  # why the collector task ended, when it did
 
     async def start(self) -> None:
         self._queue = asyncio.Queue()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dtrain-infer")
         self._task = asyncio.create_task(self._collect(), name="dtrain-batcher")
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if self._stopping:
+            return
+        exc = None if task.cancelled() else task.exception()
+        self.dead = f"the batching task ended: {exc!r}" if exc else "the batching task was cancelled"
+        log.error("inspection service broken: %s", self.dead)
+        self._fail_waiting(RuntimeError(self.dead))
+
+    def _fail_waiting(self, exc: Exception) -> None:
+        while self._queue is not None and not self._queue.empty():
+            _, fut = self._queue.get_nowait()
+            if not fut.done():
+                fut.set_exception(exc)
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             try:
@@ -53,14 +78,13 @@ class MicroBatcher(Generic[T]):
                 pass
         if self._executor is not None:
             self._executor.shutdown(wait=True)
-        while self._queue is not None and not self._queue.empty():
-            _, fut = self._queue.get_nowait()
-            if not fut.done():
-                fut.set_exception(RuntimeError("the inspection service is shutting down"))
+        self._fail_waiting(RuntimeError("the inspection service is shutting down"))
 
     async def submit(self, image: np.ndarray) -> T:
         if self._queue is None:
             raise RuntimeError("MicroBatcher.start() was not called")
+        if self.dead:
+            raise RuntimeError(self.dead)
         fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         await self._queue.put((image, fut))
         return await fut
@@ -92,16 +116,22 @@ class MicroBatcher(Generic[T]):
                 await self._run(loop, batch)
 
     async def _run(self, loop: asyncio.AbstractEventLoop, batch: list[tuple[np.ndarray, asyncio.Future[T]]]) -> None:
-        images = np.stack([x for x, _ in batch])
         try:
-            results = await loop.run_in_executor(self._executor, self._predict, images)
-        except Exception as exc:  # a backend failure fails these requests, not the service
+            images = np.stack([x for x, _ in batch])
+            results = list(await loop.run_in_executor(self._executor, self._predict, images))
+            if len(results) != len(batch):
+                raise RuntimeError(f"the backend returned {len(results)} results for {len(batch)} images")
+            if self._on_batch is not None:
+                self._on_batch(len(batch))
+        except BaseException as exc:  # fails these requests; only a BaseException ends the task too
+            failure = exc if isinstance(exc, Exception) else RuntimeError(f"inference interrupted: {exc!r}")
             for _, fut in batch:
                 if not fut.done():
-                    fut.set_exception(exc)
+                    fut.set_exception(failure)
+            if not isinstance(exc, Exception):
+                raise
+            log.exception("inference failed for a batch of %d images", len(batch))
             return
-        if self._on_batch is not None:
-            self._on_batch(len(batch))
         for (_, fut), result in zip(batch, results, strict=True):
             if not fut.done():
                 fut.set_result(result)

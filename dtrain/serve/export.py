@@ -27,7 +27,7 @@ from pydantic import Field
 from dtrain.configio import StrictModel
 from dtrain.errors import DtrainError
 from dtrain.serve import backends as B
-from dtrain.serve.model_dir import ModelCard, Preprocessing, Verification, publish, staging_dir, write_card
+from dtrain.serve.model_dir import ModelCard, Preprocessing, Verification, check_replaceable, publish, staging_dir, write_card
 from dtrain.serve.verify import ValData, load_val, reference_logits, verify_backend
 
 Step = Callable[[str], None]
@@ -71,6 +71,7 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
     from dtrain.train.checkpoint import load_for_inference
 
     out = Path(opts.out)
+    check_replaceable(out)  # before a minute of work, not after
     step("loading the checkpoint")
     model, meta = load_for_inference(opts.checkpoint)
     classes, negative = list(meta["classes"]), meta["negative_class"]

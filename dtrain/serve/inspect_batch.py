@@ -2,7 +2,9 @@
 
 Decoding runs in a thread pool (Pillow and torchvision's decoders release the GIL) a
 couple of batches ahead of inference, which runs on the calling thread. An unreadable
-image becomes a row with an error, never an exception.
+image (animated, too large, damaged: dtrain.data.decode's refusals) becomes a row with
+an error, never an exception. The results file is written beside its final name and
+renamed over it at the end, so a run that dies leaves the previous results whole.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import csv
 import glob
 import json
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -174,20 +177,27 @@ def run_inspection(
     clock: Callable[[], float] = time.perf_counter,
 ) -> Summary:
     """Inspect `paths`, writing every row to `out` (CSV/JSONL by its suffix) when given."""
+    tmp = None
     if out is not None:
         check_output(out)
         out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     summary = Summary()
     start = clock()
-    f = open(out, "w", newline="") if out is not None else None
+    f = open(tmp, "w", newline="") if tmp is not None else None
     try:
         writer = WRITERS[out.suffix.lower()](f) if out is not None and f is not None else None
         for row in inspect_paths(predictor, paths, batch=batch, workers=workers, progress=progress):
             summary.add(row)
             if writer is not None:
                 writer.write(row)
+        if f is not None:
+            f.close()
+            os.replace(tmp, out)
     finally:
         if f is not None:
             f.close()
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
     summary.seconds = clock() - start
     return summary

@@ -5,8 +5,10 @@ the inspection model, and nothing it has to guess.
 networks already apply), the classes and the negative class, the decision threshold
 with the target miss rate it was chosen for and how the export verified it, the
 measured throughput of each backend and the preferred one, and the sha256 of every
-other file. A directory is published by renaming a complete temporary sibling, so a
-reader sees either the whole model or none.
+other file (a card that leaves a network file out is refused: nothing runs unchecked).
+A directory is published by renaming a complete temporary sibling, so a reader sees
+either the whole model or none; it is published readable by all (0755 / 0644), as a
+model directory is copied to and served from other accounts and machines.
 """
 
 from __future__ import annotations
@@ -94,13 +96,21 @@ def staging_dir(out: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
 
 
+def check_replaceable(out: Path) -> None:
+    """`out` is free, an empty directory or a model directory (which publish replaces)."""
+    if out.exists() and not (out / CARD).is_file() and not (out.is_dir() and not any(out.iterdir())):
+        raise DtrainError(f"{out} exists and is not a model directory", "choose another --out, or remove it")
+
+
 def publish(staged: Path, out: Path) -> None:
     """Move a complete `staged` directory to `out`, replacing an older model there."""
+    staged.chmod(0o755)  # mkdtemp made it 0700
+    for path in staged.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    check_replaceable(out)
     if out.is_dir() and not any(out.iterdir()):
         out.rmdir()
     if out.exists():
-        if not (out / CARD).is_file():
-            raise DtrainError(f"{out} exists and is not a model directory", "choose another --out, or remove it")
         old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
         os.replace(out, old / "model")
         os.replace(staged, out)
@@ -120,6 +130,10 @@ def load_card(folder: str | Path, *, verify: bool = True) -> ModelCard:
     except ValidationError as exc:
         raise DtrainError(f"{path} is damaged or from another version: {exc.errors()[0]['msg']}", "export the model again") from None
     if verify:
+        unlisted = sorted(set(card.backends.values()) - set(card.files))
+        if unlisted:
+            raise DtrainError(f"{path} lists no checksum for {', '.join(unlisted)}, so the network cannot be verified",
+                              "export the model again (dtrain export writes the checksum of every file)")
         for name, want in card.files.items():
             file = folder / name
             if not file.is_file():

@@ -3,12 +3,18 @@
 `OUTPUT/checkpoints/ckpt-epochNNNN.pt` after each checkpointed epoch and `last.pt`, the
 newest, which `--resume` reads. One torch.save'd dict with the keys below. Files are
 written to a temporary name and renamed, so a process killed mid-write never leaves a
-torn `last.pt` behind.
+torn `last.pt` behind, and `--resume` removes what a killed writer left (`.last.pt.tmp-PID`).
+
+Checkpoints hold tensors and plain Python values only (the RNG states too, see
+`rng_state`), and every checkpoint dtrain reads is loaded with `weights_only=True`
+(`load_weights_only`): a .pt file is a pickle, and a pickle that holds anything else
+could run code when loaded, so such a file is refused with one line and nothing of it runs.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -28,6 +34,9 @@ KEYS = (
     "config", "classes", "negative_class", "image_size", "mean", "std", "world_size", "run",
 )
 
+# What inference needs of a checkpoint (export, eval).
+INFERENCE_KEYS = ("model", "config", "classes", "negative_class", "image_size", "mean", "std", "epoch", "step")
+
 
 def checkpoint_dir(output_dir: str | Path) -> Path:
     return Path(output_dir) / "checkpoints"
@@ -38,9 +47,13 @@ def epoch_name(epoch: int) -> str:
 
 
 def rng_state() -> dict[str, Any]:
+    """Every generator's state as tensors and plain values (what weights_only loads)."""
+    numpy_state = np.random.get_state(legacy=False)
+    numpy_state["state"] = {"key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
+                            "pos": int(numpy_state["state"]["pos"])}
     state = {
         "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),
+        "numpy": numpy_state,
         "python": random.getstate(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -50,8 +63,12 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+    numpy_state = dict(state["numpy"])
+    numpy_state["state"] = {"key": state["numpy"]["state"]["key"].numpy().astype(np.uint32),
+                            "pos": state["numpy"]["state"]["pos"]}
+    np.random.set_state(numpy_state)
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
@@ -99,15 +116,33 @@ def save(payload: dict[str, Any], output_dir: str | Path, *, epoch_end: bool, ke
     return last
 
 
-def load(path: str | Path) -> dict[str, Any]:
+def load_weights_only(path: Path, what: str = "checkpoint", error: type[DtrainError] = DtrainError) -> Any:
+    """torch.load with weights_only=True; a file holding other Python objects is refused
+    (one line, and none of it runs), a damaged one named as such."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise error(f"refused to load {path}: the {what} holds Python objects besides tensors and plain values, "
+                    "which could run code when loaded; dtrain loads only weights-only files such as dtrain train writes") from None
+    except Exception as exc:  # several exception types for a damaged or foreign file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise error(f"cannot read the {what} {path}: {first}", "pass a last.pt / ckpt-epochNNNN.pt written by dtrain train") from None
+
+
+def load(path: str | Path, *, require: tuple[str, ...] = KEYS) -> dict[str, Any]:
+    """A dtrain checkpoint that holds at least the keys `require`."""
     path = Path(path)
     if not path.is_file():
         raise DtrainError(f"checkpoint not found: {path}", "train first, or check the path")
-    try:
-        # Our own files hold numpy RNG state and plain config dicts, so not weights_only.
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # several exception types for a damaged or foreign file
-        raise DtrainError(f"cannot read checkpoint {path}: {exc}", "pass a last.pt / ckpt-epochNNNN.pt written by dtrain train") from None
+    blob = load_weights_only(path)
+    missing = [k for k in require if k not in blob] if isinstance(blob, dict) else list(require)
+    if missing:
+        raise DtrainError(f"{path} is not a complete dtrain checkpoint: it has no {', '.join(missing)}",
+                          "pass a last.pt / ckpt-epochNNNN.pt from OUTPUT/checkpoints/ of dtrain train")
+    if "config" in require and not isinstance(blob["config"].get("model") if isinstance(blob["config"], dict) else None, dict):
+        raise DtrainError(f"{path} is not a complete dtrain checkpoint: its config has no model section",
+                          "pass a last.pt / ckpt-epochNNNN.pt from OUTPUT/checkpoints/ of dtrain train")
+    return blob
 
 
 def find_resume(output_dir: str | Path) -> Path | None:
@@ -115,13 +150,19 @@ def find_resume(output_dir: str | Path) -> Path | None:
     return last if last.is_file() else None
 
 
+def remove_stale_temporaries(output_dir: str | Path) -> list[Path]:
+    """Delete the `.NAME.tmp-PID` files a killed writer left (call before writing again)."""
+    stale = sorted(checkpoint_dir(output_dir).glob(".*.tmp-*"))
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
 def load_for_inference(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[nn.Module, dict[str, Any]]:
     """The trained network in eval mode, and what is needed to feed it and read it."""
     from dtrain.models import ModelConfig, build_model
 
-    ckpt = load(path)
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "classes" not in ckpt:
-        raise DtrainError(f"{path} is not a dtrain checkpoint (no model/classes)", "pass a file from OUTPUT/checkpoints/")
+    ckpt = load(path, require=INFERENCE_KEYS)
     model_cfg = ModelConfig.model_validate({**ckpt["config"]["model"], "pretrained": None})
     model = build_model(model_cfg, len(ckpt["classes"]))
     model.load_state_dict(ckpt["model"])

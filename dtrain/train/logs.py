@@ -10,8 +10,27 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from dtrain.paths import write_text_atomic
+
 METRICS_FILE = "metrics.jsonl"
 TB_DIR = "tensorboard"
+
+
+def drop_rows_after(path: Path, step: int) -> None:
+    """Keep the rows of `path` up to `step`; a torn last row (a kill mid-write) goes too."""
+    if not path.is_file():
+        return
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if _row_step(line) <= step]
+    if len(kept) != len(lines):
+        write_text_atomic(path, "".join(line if line.endswith("\n") else line + "\n" for line in kept))
+
+
+def _row_step(line: str) -> float:
+    try:
+        return json.loads(line).get("step", 0)
+    except (json.JSONDecodeError, AttributeError):
+        return float("inf")
 
 
 class NullLog:
@@ -32,8 +51,11 @@ class RunLog(NullLog):
 
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        # Appending keeps a resumed run's history in one file; TensorBoard's purge_step
-        # drops events a killed run wrote after its last checkpoint.
+        # Appending keeps a resumed run's history in one file; the rows (and TensorBoard's
+        # events, by purge_step) a killed run wrote after its last checkpoint are dropped,
+        # since the resumed run logs those steps again.
+        if resume_step:
+            drop_rows_after(out / METRICS_FILE, resume_step)
         self.jsonl = open(out / METRICS_FILE, "a", buffering=1)
         self.tb = SummaryWriter(str(out / TB_DIR), purge_step=resume_step or None)
         self.console = Console(file=stream, stderr=False, highlight=False)

@@ -131,6 +131,8 @@ class _Trainer:
 
     def restore(self, state: State) -> str:
         """Load last.pt into `state`; returns what happened, for the log."""
+        if self.ctx.is_main:  # what a killed writer left
+            ckpt.remove_stale_temporaries(self.cfg.output_dir)
         path = ckpt.find_resume(self.cfg.output_dir)
         if path is None:
             return f"resume: no checkpoint in {ckpt.checkpoint_dir(self.cfg.output_dir)}; starting fresh"
@@ -336,7 +338,7 @@ class _Trainer:
                 "step": state.step,
                 "step_in_epoch": state.step_in_epoch,
                 "rng": rngs,
-                "config": self.cfg.model_dump(),
+                "config": self.cfg.model_dump(mode="json"),
                 "classes": self.data.classes,
                 "negative_class": None if self.data.negative_index is None else self.data.classes[self.data.negative_index],
                 "image_size": self.cfg.data.image_size,

@@ -1,0 +1,159 @@
+"""The one image decoder: encoded bytes -> uint8 [3, H, W] RGB, for training, evaluation,
+`dtrain inspect` and the service alike, with its cost checked before decoding.
+
+Pillow's `Image.open` reads only the header, which gives the size, the frame count and
+the channels; the bit depth comes from the header too (PNG's IHDR, TIFF's
+BitsPerSample). What a decode would cost in memory, pixels x bytes per pixel, is
+refused above a limit before a single row is inflated: a 280 kB 6000 x 6000 16-bit RGBA
+PNG would need 288 MB for its pixels alone.
+
+What is accepted: one still image of any size within the limits, grey, grey + alpha,
+palette, RGB, RGBA, CMYK, at 8 or 16 bits per sample (16 bits keep their high byte;
+alpha is dropped). What is refused, with a reason: animated or multi-page files (which
+frame would be the part?), 32-bit integer or float samples, and anything unreadable.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+# torchvision 0.29 marks its image codecs deprecated in favour of torchcodec (not a
+# dependency here); the codecs still work, and the warning would fire in every
+# DataLoader worker and bury real ones.
+warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision", category=DeprecationWarning)
+
+# 40 MP: larger than any line-scan photo we expect, far below what would exhaust memory.
+DEFAULT_MAX_PIXELS = 40_000_000
+# 40 MP at 4 bytes per pixel (8-bit RGBA); a 16-bit RGB image may have 26 MP.
+DEFAULT_MAX_DECODE_BYTES = 160_000_000
+
+# torchvision decodes these natively (fast, and with little memory beyond its output);
+# the rest go through Pillow.
+_TORCHVISION_FORMATS = frozenset({"PNG", "JPEG", "WEBP", "GIF"})
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_BYTES_PER_SAMPLE_BY_MODE = {"I;16": 2, "I;16L": 2, "I;16B": 2, "I;16N": 2, "I": 4, "F": 4}
+
+
+class ImageRefused(ValueError):
+    """An image dtrain will not decode; `too_large` tells a size refusal (HTTP 413) from
+    an unreadable or unsupported file (422)."""
+
+    def __init__(self, message: str, *, too_large: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.too_large = too_large
+
+
+@dataclass(frozen=True)
+class Header:
+    format: str
+    width: int
+    height: int
+    mode: str  # Pillow's
+    frames: int
+    channels: int
+    bytes_per_sample: int
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+    @property
+    def decode_bytes(self) -> int:
+        """Memory of the decoded pixels: at the file's depth, and at least RGB (the output)."""
+        return self.pixels * max(self.channels, 3) * self.bytes_per_sample
+
+
+def read_header(data: bytes) -> Header:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:  # header only
+            frames = getattr(img, "n_frames", 1)  # counts frames by their headers, decodes none
+            return Header(img.format or "image", img.width, img.height, img.mode, frames, len(img.getbands()),
+                          _bytes_per_sample(img, data))
+    except Image.DecompressionBombError as exc:
+        raise ImageRefused(f"image refused before decoding: {exc}", too_large=True) from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError):
+        raise ImageRefused("not an image file (unknown or corrupt format)") from None
+
+
+def _bytes_per_sample(img, data: bytes) -> int:
+    if data.startswith(_PNG_SIGNATURE) and len(data) > 24:
+        return 2 if data[24] == 16 else 1  # IHDR's bit depth: Pillow reports 16-bit RGB as "RGB"
+    if img.format == "TIFF":
+        bits = img.tag_v2.get(258, 8)  # BitsPerSample
+        return max(-(-int(b) // 8) for b in (bits if isinstance(bits, tuple) else (bits,)))
+    return _BYTES_PER_SAMPLE_BY_MODE.get(img.mode, 1)
+
+
+def check(header: Header, max_pixels: int, max_decode_bytes: int) -> None:
+    """Refuse, from the header alone, what the decoder will not or should not decode."""
+    size = f"{header.width}x{header.height}"
+    if header.pixels > max_pixels:
+        raise ImageRefused(f"image is {size} = {header.pixels} pixels, above the limit of {max_pixels}; "
+                           "refused before decoding", too_large=True)
+    if header.decode_bytes > max_decode_bytes:
+        raise ImageRefused(
+            f"image is {size} with {header.channels} channel(s) at {8 * header.bytes_per_sample} bits: decoding needs "
+            f"{header.decode_bytes / 1e6:.0f} MB, above the limit of {max_decode_bytes / 1e6:.0f} MB; refused before decoding",
+            too_large=True,
+        )
+    if header.frames > 1:
+        raise ImageRefused(f"{header.format} with {header.frames} frames (animated or multi-page): "
+                           "send one still image of the part")
+    if header.mode in ("I", "F"):
+        raise ImageRefused(f"{header.format} with 32-bit {'float' if header.mode == 'F' else 'integer'} samples "
+                           "is not supported: save it with 8 or 16 bits per sample")
+
+
+def decode(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES) -> torch.Tensor:
+    """Encoded image -> uint8 [3, H, W] RGB; raises ImageRefused (nothing else) for any
+    file it will not or cannot decode."""
+    header = read_header(data)
+    check(header, max_pixels, max_decode_bytes)
+    from PIL import Image
+
+    try:
+        img = _decode_torchvision(data) if header.format in _TORCHVISION_FORMATS else _decode_pillow(data)
+    except Image.DecompressionBombError as exc:
+        raise ImageRefused(f"image refused: {exc}", too_large=True) from None
+    except (OSError, ValueError, SyntaxError, RuntimeError, EOFError):
+        # Truncated or damaged data surfaces only while decoding; the decoders' own
+        # messages name C++ source lines, which help nobody here.
+        raise ImageRefused(f"cannot decode the {header.format} data: the file is corrupt or truncated") from None
+    if img.ndim != 3 or img.shape[0] != 3:  # the header check makes this unreachable; the batch stack relies on it
+        raise ImageRefused(f"the {header.format} decoded to shape {tuple(img.shape)}, not one RGB image")
+    return img
+
+
+def _decode_torchvision(data: bytes) -> torch.Tensor:
+    from torchvision.io import ImageReadMode, decode_image
+
+    img = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+    return _high_byte(img) if img.dtype == torch.uint16 else img
+
+
+def _high_byte(img: torch.Tensor) -> torch.Tensor:
+    """uint16 [3, H, W] -> uint8 by keeping each sample's high byte, read in place from
+    the decoder's HWC buffer: no int32 copy at 4x the image's size."""
+    hwc = img.permute(1, 2, 0).contiguous()  # torchvision's output is an HWC buffer already: no copy
+    high = 1 if sys.byteorder == "little" else 0
+    return hwc.view(torch.uint8)[..., high::2].permute(2, 0, 1).contiguous()
+
+
+def _decode_pillow(data: bytes) -> torch.Tensor:
+    import numpy as np
+    from PIL import Image
+    from torchvision.transforms.v2.functional import pil_to_tensor
+
+    with Image.open(io.BytesIO(data)) as img:
+        if img.mode.startswith("I;16"):  # Pillow's convert("RGB") would clip these at 255
+            grey = torch.from_numpy((np.asarray(img, dtype=np.uint16) >> 8).astype(np.uint8))
+            return grey.unsqueeze(0).expand(3, -1, -1).contiguous()
+        return pil_to_tensor(img.convert("RGB"))

@@ -1,0 +1,41 @@
+"""Image files the decoder must cope with, built in memory (owner: serve).
+
+`png16` writes a one-colour 16-bit PNG row by row (Pillow cannot write 16-bit RGB), so
+a 6000 x 6000 file costs a fraction of a second and about 300 kB, never its raw pixels.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+
+
+def png16(width: int, height: int, channels: int, value: int = 0x9A10) -> bytes:
+    """A 16-bit PNG: 1 grey, 2 grey + alpha, 3 RGB, 4 RGBA; every sample is `value`."""
+    colour_type = {1: 0, 2: 4, 3: 2, 4: 6}[channels]
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    row = b"\x00" + struct.pack(">H", value) * (width * channels)
+    z = zlib.compressobj(9)
+    idat = b"".join(z.compress(row) for _ in range(height)) + z.flush()
+    ihdr = struct.pack(">IIBBBBB", width, height, 16, colour_type, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+def animated_gif(frames: int = 5, side: int = 64) -> bytes:
+    """The file of issue 10: a 5-frame 64 x 64 GIF saved with Pillow's save_all."""
+    from PIL import Image
+
+    images = [Image.new("RGB", (side, side), (40 * i, 90, 200 - 30 * i)) for i in range(frames)]
+    out = io.BytesIO()
+    images[0].save(out, format="GIF", save_all=True, append_images=images[1:], duration=100, loop=0)
+    return out.getvalue()
+
+
+def encoded(image, fmt: str, **kwargs) -> bytes:
+    out = io.BytesIO()
+    image.save(out, format=fmt, **kwargs)
+    return out.getvalue()

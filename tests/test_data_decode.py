@@ -1,0 +1,96 @@
+"""dtrain.data.decode: every mode, depth and frame count is decoded to uint8 RGB or
+refused with a reason, and the memory a decode needs is refused from the header."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from dtrain.data.decode import ImageRefused, decode, read_header
+from tests.image_fixtures import animated_gif, encoded, png16
+
+
+def _rgb(r: int, g: int, b: int, side: int = 8) -> Image.Image:
+    return Image.new("RGB", (side, side), (r, g, b))
+
+
+@pytest.mark.parametrize(("name", "data", "pixel"), [
+    ("rgb png", encoded(_rgb(10, 120, 250), "PNG"), (10, 120, 250)),
+    ("rgba png", encoded(Image.new("RGBA", (8, 8), (10, 120, 250, 30)), "PNG"), (10, 120, 250)),
+    ("grey png", encoded(Image.new("L", (8, 8), 77), "PNG"), (77, 77, 77)),
+    ("grey+alpha png", encoded(Image.new("LA", (8, 8), (77, 5)), "PNG"), (77, 77, 77)),
+    ("palette png", encoded(_rgb(10, 120, 250).quantize(4), "PNG"), (10, 120, 250)),
+    ("1-bit png", encoded(Image.new("1", (8, 8), 1), "PNG"), (255, 255, 255)),
+    ("still gif", encoded(_rgb(0, 0, 255).convert("P"), "GIF"), (0, 0, 255)),
+    ("cmyk jpeg", encoded(Image.new("CMYK", (8, 8), (0, 50, 100, 0)), "JPEG", quality=100), (255, 205, 155)),
+    ("cmyk tiff", encoded(Image.new("CMYK", (8, 8), (0, 50, 100, 0)), "TIFF"), (255, 205, 155)),
+    ("bmp", encoded(_rgb(10, 120, 250), "BMP"), (10, 120, 250)),
+    ("16-bit grey png", png16(8, 8, 1), (0x9A, 0x9A, 0x9A)),
+    ("16-bit grey+alpha png", png16(8, 8, 2), (0x9A, 0x9A, 0x9A)),
+    ("16-bit rgb png", png16(8, 8, 3), (0x9A, 0x9A, 0x9A)),
+    ("16-bit rgba png", png16(8, 8, 4), (0x9A, 0x9A, 0x9A)),
+    ("16-bit grey tiff", encoded(Image.fromarray(np.full((8, 8), 0x9A10, np.uint16)), "TIFF"), (0x9A, 0x9A, 0x9A)),
+])
+def test_every_mode_and_depth_decodes_to_uint8_rgb(name, data, pixel):
+    img = decode(data)
+    assert img.dtype == torch.uint8 and img.shape == (3, 8, 8), name
+    got = tuple(int(v) for v in img[:, 4, 4])
+    assert all(abs(a - b) <= 2 for a, b in zip(got, pixel, strict=True)), (name, got)
+
+
+def test_an_animated_gif_is_refused_with_its_frame_count():
+    with pytest.raises(ImageRefused, match="5 frames") as info:
+        decode(animated_gif())
+    assert not info.value.too_large
+
+
+def test_a_multi_page_tiff_is_refused():
+    pages = [_rgb(i, i, i) for i in (0, 100)]
+    with pytest.raises(ImageRefused, match="2 frames"):
+        decode(encoded(pages[0], "TIFF", save_all=True, append_images=pages[1:]))
+
+
+def test_float_samples_are_refused_with_what_to_do():
+    with pytest.raises(ImageRefused, match="32-bit float .* 8 or 16 bits"):
+        decode(encoded(Image.fromarray(np.zeros((8, 8), np.float32)), "TIFF"))
+
+
+def test_decode_memory_counts_bit_depth_and_channels_from_the_header():
+    # 6000 x 6000 = 36 MP passes a 40 MP pixel limit; at 16 bits x 4 channels it would
+    # need 288 MB, which the default 160 MB limit refuses without decoding a row.
+    data = png16(6000, 6000, 4)
+    header = read_header(data)
+    assert (header.channels, header.bytes_per_sample, header.decode_bytes) == (4, 2, 288_000_000)
+    with pytest.raises(ImageRefused, match="16 bits: decoding needs 288 MB") as info:
+        decode(data)
+    assert info.value.too_large
+    assert read_header(png16(100, 100, 3)).decode_bytes == 100 * 100 * 3 * 2
+    assert read_header(encoded(Image.new("L", (100, 100)), "PNG")).decode_bytes == 100 * 100 * 3  # RGB out
+
+
+@pytest.mark.parametrize("data", [b"hello, not an image", encoded(_rgb(1, 2, 3, 64), "PNG")[:120]])
+def test_garbage_and_truncated_files_are_refused_not_raised_raw(data):
+    with pytest.raises(ImageRefused) as info:
+        decode(data)
+    assert not info.value.too_large and ("not an image" in info.value.message or "corrupt" in info.value.message)
+
+
+def test_an_animated_gif_in_a_training_folder_is_skipped_and_listed(synth_data, tmp_path):
+    import shutil
+
+    from torch.utils.data import DataLoader
+
+    from dtrain.data.config import DataConfig
+    from dtrain.data.datasets import collate_skip_bad, open_split
+
+    root = tmp_path / "data"
+    shutil.copytree(synth_data / "val", root / "val")
+    gif = root / "val" / "ok" / "zz_anim.gif"
+    gif.write_bytes(animated_gif())
+    ds = open_split(DataConfig(root=str(root), image_size=32), "val", train=True)
+    loader = DataLoader(ds, batch_size=len(ds), num_workers=1, collate_fn=collate_skip_bad)
+    (images, labels), = list(loader)
+    assert images.shape == (len(ds) - 1, 3, 32, 32) and labels.shape == (len(ds) - 1,)
+    assert ds.bad_files == [str(gif)] and "5 frames" in ds.bad_reasons[str(gif)]

@@ -1,0 +1,91 @@
+"""The service when inference itself fails: a failing batch is a 500 (counted), a stuck
+one a 504 (counted), and a dead batching task turns /healthz to 503 instead of leaving
+every later request hanging. The real exported model, wrapped to fail on cue."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+
+class _Failing:
+    """A Predictor whose next predict() does `failure` (then it behaves again)."""
+
+    def __init__(self, predictor) -> None:
+        self._p = predictor
+        self.card, self.backend, self.image_size = predictor.card, predictor.backend, predictor.image_size
+        self.failure = None
+        self.release = threading.Event()
+
+    def predict(self, images):
+        failure, self.failure = self.failure, None
+        if failure == "wrong count":
+            return self._p.predict(images)[:-1] or [None, None]
+        if failure == "hang":
+            self.release.wait(30)
+        if failure == "die":
+            raise asyncio.CancelledError  # not an Exception: it ends the batching task itself
+        return self._p.predict(images)
+
+
+@pytest.fixture
+def client(exported_model):
+    from dtrain.serve.app import ServeLimits, create_app
+    from dtrain.serve.predictor import Predictor
+
+    predictor = _Failing(Predictor(exported_model))
+    app = create_app(predictor, ServeLimits(request_timeout_s=1.0))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        c.predictor = predictor
+        yield c
+        predictor.release.set()
+
+
+def _inspect(client, image: bytes):
+    return client.post("/inspect", files=[("files", ("part.png", image, "image/png"))])
+
+
+def _statuses(client) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+    return {s.labels["status"]: s.value for s in families["dtrain_serve_requests"].samples
+            if s.labels.get("path") == "/inspect" and s.name.endswith("_total")}
+
+
+@pytest.fixture
+def image(synth_data) -> bytes:
+    return next((synth_data / "test").rglob("*.png")).read_bytes()
+
+
+def test_a_failing_batch_is_a_counted_500_and_the_next_request_works(client, image):
+    client.predictor.failure = "wrong count"
+    r = _inspect(client, image)
+    assert r.status_code == 500 and "internal error" in r.json()["detail"]
+    assert _inspect(client, image).status_code == 200
+    assert _statuses(client) == {"500": 1.0, "200": 1.0}
+
+
+def test_a_stuck_request_is_a_counted_504(client, image):
+    client.predictor.failure = "hang"
+    start = time.monotonic()
+    r = _inspect(client, image)
+    assert r.status_code == 504 and "no verdict within 1 s" in r.json()["detail"]
+    assert time.monotonic() - start < 20
+    client.predictor.release.set()
+    assert _inspect(client, image).status_code == 200
+    assert _statuses(client) == {"504": 1.0, "200": 1.0}
+
+
+def test_a_dead_batcher_is_reported_by_healthz_and_fails_requests_fast(client, image):
+    assert client.get("/healthz").status_code == 200
+    client.predictor.failure = "die"
+    assert _inspect(client, image).status_code >= 500
+    health = client.get("/healthz")
+    assert health.status_code == 503 and "batching task" in health.json()["detail"]
+    r = _inspect(client, image)  # at once, not after a timeout
+    assert r.status_code == 503 and "restart" in r.json()["detail"]
