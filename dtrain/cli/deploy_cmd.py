@@ -103,7 +103,8 @@ def serve(
     max_megapixels: float = typer.Option(40.0, "--max-megapixels", min=0.001, help="Largest image, checked before decoding."),
     max_decode_mb: float = typer.Option(160.0, "--max-decode-mb", min=0.001,
                                         help="Largest decoded image (pixels x bytes per pixel), checked before decoding."),
-    max_decodes: int = typer.Option(4, "--max-decodes", min=1, help="Images decoded at the same time, by all requests."),
+    decode_budget_mb: float = typer.Option(320.0, "--decode-budget-mb", min=0.001,
+                                           help="Decoded pixels in flight, all requests together (large images take turns)."),
     request_timeout_s: float = typer.Option(60.0, "--request-timeout-s", min=0.001, help="A request gets a 504 after this."),
     backend: str | None = typer.Option(None, "--backend", help="Override the model directory's preferred backend."),
 ) -> None:
@@ -120,7 +121,7 @@ def serve(
     limits = validate(ServeLimits, {
         "max_batch": max_batch, "max_wait_ms": max_wait_ms, "max_body_bytes": int(max_body_mb * 1024 * 1024),
         "max_pixels": int(max_megapixels * 1_000_000), "max_decode_bytes": int(max_decode_mb * 1_000_000),
-        "max_decodes": max_decodes, "request_timeout_s": request_timeout_s,
+        "decode_budget_bytes": int(decode_budget_mb * 1_000_000), "request_timeout_s": request_timeout_s,
     }, "the command line")
     predictor = Predictor(model_dir, backend)
     # Bound here, before uvicorn starts, so that "serving on" is only ever printed for a

@@ -18,6 +18,8 @@ from __future__ import annotations
 import io
 import sys
 import warnings
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -112,15 +114,23 @@ def check(header: Header, max_pixels: int, max_decode_bytes: int) -> None:
                            "is not supported: save it with 8 or 16 bits per sample")
 
 
-def decode(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES) -> torch.Tensor:
+def decode(
+    data: bytes,
+    *,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES,
+    admit: Callable[[int], AbstractContextManager] = lambda _nbytes: nullcontext(),
+) -> torch.Tensor:
     """Encoded image -> uint8 [3, H, W] RGB; raises ImageRefused (nothing else) for any
-    file it will not or cannot decode."""
+    file it will not or cannot decode. The decode itself runs inside `admit(decode_bytes)`
+    (the service's memory budget shared by concurrent decodes)."""
     header = read_header(data)
     check(header, max_pixels, max_decode_bytes)
     from PIL import Image
 
     try:
-        img = _decode_torchvision(data) if header.format in _TORCHVISION_FORMATS else _decode_pillow(data)
+        with admit(header.decode_bytes):
+            img = _decode_torchvision(data) if header.format in _TORCHVISION_FORMATS else _decode_pillow(data)
     except Image.DecompressionBombError as exc:
         raise ImageRefused(f"image refused: {exc}", too_large=True) from None
     except (OSError, ValueError, SyntaxError, RuntimeError, EOFError):

@@ -3,9 +3,9 @@
 Untrusted input is checked in order of cost: the request body size (before it is
 read), each image's pixel count and decode memory from its header (before it is
 decoded), then the decode itself; a refusal is a 413 or a 422 with a message, and the
-service goes on. Decoding runs in worker threads, at most `max_decodes` at a time (so
-memory stays bounded by max_decodes x max_decode_bytes however many clients upload at
-once); inference in the micro-batcher's single thread. A request that takes longer
+service goes on. Decoding runs in worker threads within a shared budget of decoded
+bytes (`decode_budget_bytes`, see images.DecodeBudget: memory stays bounded however
+many clients upload at once); inference in the micro-batcher's single thread. A request that takes longer
 than `request_timeout_s` gets a 504; every answer, 500s included, is counted in /metrics.
 
 There is no /docs page: FastAPI's loads Swagger UI from a CDN, which an inspection PC
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from contextlib import asynccontextmanager
 
@@ -28,7 +27,7 @@ from pydantic import BaseModel, Field
 from dtrain import __version__
 from dtrain.configio import StrictModel
 from dtrain.serve.batching import MicroBatcher
-from dtrain.serve.images import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS, ImageRejected, prepare_bytes
+from dtrain.serve.images import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS, DecodeBudget, ImageRejected, prepare_bytes
 
 log = logging.getLogger("dtrain.serve")
 
@@ -40,7 +39,8 @@ class ServeLimits(StrictModel):
     max_pixels: int = Field(DEFAULT_MAX_PIXELS, ge=1)
     max_images_per_request: int = Field(256, ge=1)
     max_decode_bytes: int = Field(DEFAULT_MAX_DECODE_BYTES, ge=1)
-    max_decodes: int = Field(4, ge=1, description="images decoded at the same time, by all requests together")
+    # Decoded pixels in flight, all requests together: two of the largest images at once.
+    decode_budget_bytes: int = Field(2 * DEFAULT_MAX_DECODE_BYTES, ge=1)
     request_timeout_s: float = Field(60.0, gt=0.0)
 
 
@@ -109,7 +109,7 @@ def create_app(predictor, limits: ServeLimits | None = None) -> FastAPI:
         predictor.predict, max_batch=limits.max_batch, max_wait_s=limits.max_wait_ms / 1000.0, on_batch=batch_sizes.observe
     )
     card = predictor.card
-    decode_slots = threading.BoundedSemaphore(limits.max_decodes)
+    budget = DecodeBudget(limits.decode_budget_bytes)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -156,7 +156,7 @@ def create_app(predictor, limits: ServeLimits | None = None) -> FastAPI:
         blobs = [(f.filename or f"image{i}", await f.read()) for i, f in enumerate(files)]
         try:
             async with asyncio.timeout(limits.request_timeout_s):
-                images = await run_in_threadpool(_prepare_all, blobs, predictor.image_size, limits, decode_slots)
+                images = await run_in_threadpool(_prepare_all, blobs, predictor.image_size, limits, budget)
                 results = await batcher.submit_many(images)
         except TimeoutError:
             raise HTTPException(504, f"no verdict within {limits.request_timeout_s:g} s (the service is overloaded "
@@ -183,14 +183,13 @@ def create_app(predictor, limits: ServeLimits | None = None) -> FastAPI:
     return app
 
 
-def _prepare_all(blobs: list[tuple[str, bytes]], size: int, limits: ServeLimits, slots: threading.BoundedSemaphore):
+def _prepare_all(blobs: list[tuple[str, bytes]], size: int, limits: ServeLimits, budget: DecodeBudget):
     out = []
     for name, data in blobs:
         try:
-            # The slot is held by this thread, not the request: a request that timed out
-            # keeps it until its decode really ends, so the cap holds.
-            with slots:
-                out.append(prepare_bytes(data, size, limits.max_pixels, limits.max_decode_bytes))
+            # The budget is held by this thread, not the request: a request that timed out
+            # keeps its share until the decode really ends, so the bound holds.
+            out.append(prepare_bytes(data, size, limits.max_pixels, limits.max_decode_bytes, budget))
         except ImageRejected as exc:
             raise HTTPException(exc.status, f"{name}: {exc.message}") from None
     return out

@@ -8,6 +8,9 @@ data's too (dtrain.data.transforms), so a served image gives exactly the evaluat
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -26,13 +29,39 @@ class ImageRejected(Exception):
         self.message = message
 
 
+class DecodeBudget:
+    """Decoded bytes in flight across threads: a decode waits until its bytes (from the
+    header) fit, so many small images decode in parallel and a few large ones take turns.
+    A decode needs about 1.5x its bytes at its peak (a 16-bit image and its 8-bit copy),
+    so the process holds at most ~1.5 x `max_bytes` of pixels beyond its baseline."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._free = max_bytes
+        self._changed = threading.Condition()
+
+    @contextmanager
+    def hold(self, nbytes: int) -> Iterator[None]:
+        nbytes = min(nbytes, self.max_bytes)  # one image above the whole budget runs alone
+        with self._changed:
+            self._changed.wait_for(lambda: self._free >= nbytes)
+            self._free -= nbytes
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._free += nbytes
+                self._changed.notify_all()
+
+
 def prepare_bytes(data: bytes, size: int, max_pixels: int = DEFAULT_MAX_PIXELS,
-                  max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES) -> np.ndarray:
+                  max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES, budget: DecodeBudget | None = None) -> np.ndarray:
     """Encoded image -> uint8 [3, size, size]; raises ImageRejected."""
     from dtrain.data.transforms import resize_uint8
 
     try:
-        img = decode(data, max_pixels=max_pixels, max_decode_bytes=max_decode_bytes)
+        kw = {"admit": budget.hold} if budget is not None else {}
+        img = decode(data, max_pixels=max_pixels, max_decode_bytes=max_decode_bytes, **kw)
     except ImageRefused as exc:
         raise ImageRejected(413 if exc.too_large else 422, exc.message) from None
     return resize_uint8(img, size).contiguous().numpy()

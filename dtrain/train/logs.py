@@ -45,7 +45,9 @@ class NullLog:
 class RunLog(NullLog):
     """metrics.jsonl + TensorBoard + a rich progress bar on `stream`."""
 
-    def __init__(self, output_dir: str | Path, stream: TextIO, *, resume_step: int = 0) -> None:
+    def __init__(self, output_dir: str | Path, stream: TextIO, *, resume_step: int | None = None) -> None:
+        """`resume_step`: the step a resumed run continues after (0 when --resume found no
+        checkpoint); None for a run that was not asked to resume."""
         from rich.console import Console
         from torch.utils.tensorboard import SummaryWriter
 
@@ -54,7 +56,7 @@ class RunLog(NullLog):
         # Appending keeps a resumed run's history in one file; the rows (and TensorBoard's
         # events, by purge_step) a killed run wrote after its last checkpoint are dropped,
         # since the resumed run logs those steps again.
-        if resume_step:
+        if resume_step is not None:
             drop_rows_after(out / METRICS_FILE, resume_step)
         self.jsonl = open(out / METRICS_FILE, "a", buffering=1)
         self.tb = SummaryWriter(str(out / TB_DIR), purge_step=resume_step or None)

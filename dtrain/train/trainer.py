@@ -162,7 +162,7 @@ class _Trainer:
             (Path(cfg.output_dir) / "run.yaml").write_text(yaml.safe_dump(self.facts, sort_keys=False))
         resumed = self.restore(state) if resume else None
         if ctx.is_main:
-            self.log = RunLog(cfg.output_dir, self.stream, resume_step=state.step)
+            self.log = RunLog(cfg.output_dir, self.stream, resume_step=state.step if resume else None)
             if resumed:
                 self.log.message(resumed)
             self.log.message(
