@@ -59,3 +59,24 @@ def test_a_failing_batch_fails_its_requests_only():
         return ok
 
     assert _run(main()) == 1
+
+
+def test_images_that_do_not_stack_fail_their_batch_and_the_batcher_goes_on():
+    """Issue 10: np.stack raised outside the batch's try, the collector task died, and
+    every later request hung."""
+
+    async def main():
+        batcher = MicroBatcher(lambda images: [int(x.sum()) for x in images], max_batch=8, max_wait_s=0.05)
+        await batcher.start()
+        try:
+            odd = await asyncio.wait_for(asyncio.gather(
+                batcher.submit(np.ones((3, 2, 2), np.uint8)), batcher.submit(np.ones((5, 3, 2, 2), np.uint8)),
+                return_exceptions=True), timeout=10)
+            later = await asyncio.wait_for(batcher.submit(np.ones((3, 2, 2), np.uint8)), timeout=10)
+            return odd, later, batcher.dead
+        finally:
+            await batcher.stop()
+
+    odd, later, dead = _run(main())
+    assert all(isinstance(r, ValueError) for r in odd), odd
+    assert later == 12 and dead is None
