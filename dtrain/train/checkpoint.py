@@ -33,8 +33,9 @@ KEYS = (
     "model", "optimizer", "scheduler", "scaler", "epoch", "step", "step_in_epoch", "rng",
     "config", "classes", "negative_class", "image_size", "mean", "std", "world_size", "run",
 )
-
-# What inference needs of a checkpoint (export, eval).
+# What --resume needs ("run" came later: older checkpoints lack it), and what inference
+# needs (export, eval).
+RESUME_KEYS = tuple(k for k in KEYS if k != "run")
 INFERENCE_KEYS = ("model", "config", "classes", "negative_class", "image_size", "mean", "std", "epoch", "step")
 
 
@@ -129,7 +130,7 @@ def load_weights_only(path: Path, what: str = "checkpoint", error: type[DtrainEr
         raise error(f"cannot read the {what} {path}: {first}", "pass a last.pt / ckpt-epochNNNN.pt written by dtrain train") from None
 
 
-def load(path: str | Path, *, require: tuple[str, ...] = KEYS) -> dict[str, Any]:
+def load(path: str | Path, *, require: tuple[str, ...] = RESUME_KEYS) -> dict[str, Any]:
     """A dtrain checkpoint that holds at least the keys `require`."""
     path = Path(path)
     if not path.is_file():
