@@ -13,7 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from dtrain.errors import DtrainError
+from dtrain.monitor.findings import JobEnd
 from dtrain.monitor.store import FILENAME, Store
+
+TERMINAL = ("succeeded", "failed", "stopped")
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,17 @@ class JobInfo:
 
     def open(self) -> Store:
         return Store(self.metrics, readonly=True)
+
+    def end(self, store: Store) -> JobEnd | None:
+        """How the job ended, None while it runs. The time is the collector's stop (the
+        clock its node states use); the state is the registry's (unknown for a copied job
+        directory), which may lag the store a moment: a job whose collector stopped has
+        ended either way."""
+        stopped = store.meta().get("stopped")
+        t = stopped if stopped is not None else self.ended
+        if t is None:
+            return None
+        return JobEnd(float(t), self.state if self.state in TERMINAL else "unknown")
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "state": self.state, "started": self.started, "ended": self.ended,

@@ -63,6 +63,7 @@ def series(job_id: str, since: float) -> dict[str, Any]:
     info = _job(job_id)
     store = info.open()
     try:
+        end = info.end(store)
         span = store.time_range()
         nodes = {}
         for node, cols in store.node_series(since).items():
@@ -72,11 +73,11 @@ def series(job_id: str, since: float) -> dict[str, Any]:
             "job": info.as_dict(),
             "last": span[1] if span else since,
             "first": span[0] if span else None,
-            "states": store.nodes(),
+            "states": rules.node_states(store.nodes(), end),
             "nodes": nodes,
             "gpus": {f"{n}/gpu{g}": _thin(s) for (n, g), s in store.gpu_series(since).items()},
             "ranks": {f"{r}": dict(_thin(s), node=n) for (n, r), s in store.rank_series(since).items()},
-            "findings": [f.as_dict() for f in rules.from_store(store)],
+            "findings": [f.as_dict() for f in rules.from_store(store, end)],
         }  # fmt: skip
     finally:
         store.close()
