@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dtrain.errors import DtrainError
+from dtrain.extras import require
 from dtrain.monitor import findings as rules
 from dtrain.monitor.jobs import JobInfo, list_jobs
 
@@ -33,9 +34,8 @@ MAX_POINTS = 2000  # per series and request: a day of 1 Hz samples is thinned fo
 
 def plotly_js() -> Path:
     """plotly.min.js as shipped inside the plotly wheel (found without importing plotly)."""
+    require("dashboard", "dtrain dashboard")
     spec = importlib.util.find_spec("plotly")
-    if spec is None or not spec.submodule_search_locations:
-        raise DtrainError("the plotly package is missing", "pip install plotly (it ships the dashboard's charts)")
     path = Path(next(iter(spec.submodule_search_locations))) / "package_data" / "plotly.min.js"
     if not path.is_file():
         raise DtrainError(f"plotly.min.js not found at {path}", "reinstall plotly: pip install --force-reinstall plotly")
