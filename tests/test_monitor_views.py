@@ -149,6 +149,27 @@ def test_report_writes_html_pngs_and_summary(stored_job, tmp_path, dtrain_cmd):
     assert "node b stopped reporting" in html
 
 
+def test_a_failed_job_keeps_a_node_lost_at_its_end(finished_job, dtrain_home):
+    # A node that dies makes the job fail seconds later: that loss explains the failure.
+    # `top` learns the end from the registry while it watches.
+    from dtrain.jobs.registry import JobRegistry, JobState
+    from dtrain.monitor.jobs import JobInfo, refresh
+    from dtrain.monitor.top import render_text
+
+    registry = JobRegistry()
+    rec = registry.create("demo", ["a", "b"], 4, finished_job.dir, job_id=finished_job.id)
+    registry.mark_running(rec.id)
+    watched = refresh(JobInfo(id=rec.id, dir=finished_job.dir, state="running"))
+    assert watched.state == "running"
+    registry.finish(rec.id, JobState.FAILED, 1, "node b failed")
+    watched = refresh(watched)
+    assert watched.state == "failed" and watched.ended is not None
+    store = watched.open()
+    text = render_text(store, watched, width=80)
+    store.close()
+    assert "node b stopped reporting" in text and "nodes 1/2 finished" in text
+
+
 def test_views_of_an_unknown_job_fail_with_a_message(dtrain_home, dtrain_cmd):
     import subprocess
 

@@ -91,6 +91,19 @@ def list_jobs() -> list[JobInfo]:
     return sorted(out.values(), key=lambda j: j.metrics.stat().st_mtime, reverse=True)
 
 
+def refresh(info: JobInfo) -> JobInfo:
+    """`info` as the registry (or job.json) has it now: `dtrain top` watches one job while
+    its state changes. A terminal state is final."""
+    if info.state in TERMINAL:
+        return info
+    from dtrain.jobs.registry import JobRegistry
+
+    try:
+        return _from_record(JobRegistry().get(info.id))
+    except DtrainError:
+        return _from_dir(info.dir)
+
+
 def resolve(job: str | None) -> JobInfo:
     """A job by id, name or unique id prefix (the registry's rules), or a directory; the
     newest job with metrics when `job` is None."""

@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dtrain.monitor import findings as rules
-from dtrain.monitor.jobs import JobInfo
+from dtrain.monitor.jobs import JobInfo, refresh
 from dtrain.monitor.store import Store
 
 HISTORY_S = 120.0  # what the sparklines cover
@@ -158,6 +158,7 @@ def run_live(job: JobInfo, console: Console, refresh_s: float = 1.0, stop: Calla
         with Live(render(store, job), console=console, refresh_per_second=4, screen=False) as live:
             while not stop():
                 time.sleep(refresh_s)
+                job = refresh(job)  # how the job ended decides which findings stand
                 live.update(render(store, job))
     finally:
         store.close()
