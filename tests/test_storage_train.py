@@ -34,28 +34,11 @@ from dtrain.data.shard_push import parse_size, push
 from dtrain.data.shard_verify import load_manifest, verify
 from dtrain.data.storage import open_store
 
+from stall_hook import stall_env
+
+pytestmark = pytest.mark.slow  # end to end: ./dev test -m 'not slow' leaves it out
+
 TRACE = "DTRAIN_DATA_TRACE"
-# Loaded into every process of a run through PYTHONPATH: each rank stops (sleeps until
-# killed) right after it reports optimizer step STALL, so that the test SIGKILLs the run
-# at a known point instead of racing a moving one. report_step is the trainer's public
-# per-step call, so the product carries no test-only switch for this.
-STALL_SITE = """
-import sys, time
-import dtrain.monitor.report as _report
-
-_report_step = _report.report_step
-
-
-def report_step(**values):
-    _report_step(**values)
-    if values["step"] == {stall}:
-        print("rank stalled after step {stall}", file=sys.stderr, flush=True)
-        while True:
-            time.sleep(60)
-
-
-_report.report_step = report_step
-"""
 
 
 def write_config(path: Path, root: str, out: Path, *, epochs: int, batch: int, workers: int = 1, **data) -> Path:
@@ -200,7 +183,7 @@ def _kill_process_groups(proc: subprocess.Popen) -> None:
 
 def test_run_killed_mid_epoch_resumes_with_each_remaining_sample_once(synth_data, tmp_path):
     """`dtrain train --nproc 2` checkpoints every 3 steps; every rank stalls after step 7
-    (STALL_SITE, so the kill lands at a known point, not a race); the test SIGKILLs all
+    (tests/stall_hook.py, so the kill lands at a known point, not a race); the test SIGKILLs all
     its process groups, then `--resume`s. The resumed
     run must fetch exactly the samples after the checkpointed step, each once, and none
     the checkpoint already covered; step 7, trained but lost with the kill, is redone."""
@@ -219,11 +202,7 @@ def test_run_killed_mid_epoch_resumes_with_each_remaining_sample_once(synth_data
     train = [sys.executable, "-m", "dtrain", "train", str(cfg), "--nproc", str(world),
              "--set", f"checkpoint_every_steps={every}"]
     log = tmp_path / "killed.log"
-    site = tmp_path / "stall"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(STALL_SITE.replace("{stall}", str(stall)))
-    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
-    env = dict(os.environ, **{TRACE: str(first), "PYTHONPATH": path})
+    env = stall_env(tmp_path / "stall", stall, **{TRACE: str(first)})
     with open(log, "wb") as fh:
         proc = subprocess.Popen(train, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     try:
