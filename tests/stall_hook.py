@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 _SITE = """
-import sys, time
+import os, sys, time
 import dtrain.monitor.report as _report
 
 _report_step = _report.report_step
@@ -20,7 +20,7 @@ _report_step = _report.report_step
 def report_step(**values):
     _report_step(**values)
     if values["step"] == {step}:
-        print("rank stalled after step {step}", file=sys.stderr, flush=True)
+        print(f"dtrain: rank {os.environ.get('RANK', '0')} stalled after step {step}", file=sys.stderr, flush=True)
         while True:
             time.sleep(60)
 
@@ -30,9 +30,9 @@ _report.report_step = report_step
 
 
 def stall_env(directory: Path, step: int, **extra: str) -> dict[str, str]:
-    """os.environ (plus `extra`) under which every rank prints "rank stalled after step
-    STEP" and sleeps until killed, right after it reports optimizer step STEP (so before
-    that step's checkpoint, if one is due)."""
+    """os.environ (plus `extra`) under which every rank prints "dtrain: rank R stalled
+    after step STEP" and sleeps until killed, right after it reports optimizer step STEP
+    (so before that step's checkpoint, if one is due)."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "sitecustomize.py").write_text(_SITE.replace("{step}", str(step)))
     path = os.pathsep.join(p for p in (str(directory), os.environ.get("PYTHONPATH")) if p)

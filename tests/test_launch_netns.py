@@ -237,6 +237,7 @@ def _plan_of_dry_run(text: str, real_id: str, dry_id: str) -> dict[str, dict]:
     return nodes
 
 
+@pytest.mark.slow
 def test_dry_run_prints_the_plan_the_real_run_stores(netns_cluster, dtrain_home, tmp_path):
     """gpus: omitted, so the probe's findings (GPU count, interface) shape the plan: the
     dry run probes for them too and prints exactly what job.json then holds."""
@@ -257,6 +258,7 @@ def test_dry_run_prints_the_plan_the_real_run_stores(netns_cluster, dtrain_home,
     assert_nothing_left(netns_cluster, run.job_id)
 
 
+@pytest.mark.slow
 def test_hosts_given_as_ssh_config_aliases_need_no_cluster_file(netns_cluster, dtrain_home, tmp_path):
     """`--hosts gpu-1,gpu-2`: names only this machine's ssh config knows (no namespace host
     resolves them); the other nodes are told the HostName IPs `ssh -G` gives."""
