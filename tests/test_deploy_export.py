@@ -21,6 +21,7 @@ def _read_rows(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_model_dir_is_self_contained(exported_model):
     from dtrain.serve.model_dir import load_card, sha256_file
 
@@ -37,6 +38,7 @@ def test_model_dir_is_self_contained(exported_model):
     assert check.miss_rate <= card.target_miss_rate
 
 
+@pytest.mark.slow
 def test_inspect_reproduces_checkpoint_verdicts(exported_model, synth_data, checkpoint_test_scores, tmp_path, dtrain_cmd):
     """The acceptance check: >= 99.5 % of the checkpoint's test verdicts, and no more misses."""
     from dtrain.inspect.metrics import miss_rate
@@ -61,6 +63,7 @@ def test_inspect_reproduces_checkpoint_verdicts(exported_model, synth_data, chec
     assert card.verification["ort-fp32"].miss_rate <= card.target_miss_rate
 
 
+@pytest.mark.slow
 def test_inspect_reports_unreadable_images_and_writes_jsonl(exported_model, synth_data, tmp_path, dtrain_cmd):
     good = sorted((synth_data / "test" / "ok").glob("*.png"))[:3]
     folder = tmp_path / "imgs"
@@ -82,6 +85,7 @@ def test_inspect_reports_unreadable_images_and_writes_jsonl(exported_model, synt
     assert "2 unreadable" in proc.stderr
 
 
+@pytest.mark.slow
 def test_tampered_model_is_refused(exported_model, tmp_path, dtrain_cmd, synth_data):
     copy = tmp_path / "model"
     shutil.copytree(exported_model, copy)
@@ -95,6 +99,7 @@ def test_tampered_model_is_refused(exported_model, tmp_path, dtrain_cmd, synth_d
     assert "does not match its checksum" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_unknown_backend_lists_the_valid_ones(exported_model):
     from dtrain.errors import DtrainError
     from dtrain.serve.predictor import Predictor

@@ -14,6 +14,8 @@ import subprocess
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # end to end: ./dev test -m 'not slow' leaves it out
+
 
 @pytest.fixture(scope="module")
 def int8_case(trained_checkpoint, synth_data, exported_model, tmp_path_factory):

@@ -79,6 +79,7 @@ def types_only(synth_data, tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_types_only_data_trains_evaluates_exports_and_inspects(types_only, tmp_path, dtrain_cmd):
     from dtrain.inspect.evaluate import evaluate
     from dtrain.inspect.report import render_html

@@ -65,6 +65,7 @@ def test_secret_env_name_must_be_set():
         secrets.resolve(["A=b"], {}, {})
 
 
+@pytest.mark.slow
 def test_secret_values_reach_ranks_but_no_file(dtrain_home):
     token = "xyz" + stdlib_secrets.token_hex(8)  # by name (API_TOKEN)
     marked = "mk" + stdlib_secrets.token_hex(8)  # marked with --secret-env, from the shell

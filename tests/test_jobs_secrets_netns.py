@@ -30,6 +30,7 @@ def _command_lines_holding(values: list[bytes], found: list[str], stop: threadin
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_secret_values_are_on_no_command_line_over_ssh(netns_cluster, dtrain_home):
     from test_jobs_secrets import _assert_private_and_clean, _digest
 

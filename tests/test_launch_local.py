@@ -11,7 +11,11 @@ import os
 import signal
 import time
 
+import pytest
+
 from launch_helpers import SCRIPTS, dtrain, free_port, job_id_of, job_processes, wait_gone
+
+pytestmark = pytest.mark.slow  # end to end: ./dev test -m 'not slow' leaves it out
 
 TICKER = str(SCRIPTS / "ticker.py")
 

@@ -82,6 +82,7 @@ def assert_nothing_left(cluster, job_id: str) -> None:
         assert left == [], f"{h.name}: {left}"
 
 
+@pytest.mark.slow
 def test_plain_torchrun_script_static_and_elastic(netns_cluster, dtrain_home, tmp_path):
     yaml = netns_cluster.cluster_yaml(2)
     results = {}
@@ -107,6 +108,7 @@ def _recipe_sets(synth_data, out):
     return [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
 
 
+@pytest.mark.slow
 def test_recipe_two_hosts_equals_one_host(netns_cluster, dtrain_home, synth_data, tmp_path):
     yaml = netns_cluster.cluster_yaml(2)
     params = {}
@@ -121,6 +123,7 @@ def test_recipe_two_hosts_equals_one_host(netns_cluster, dtrain_home, synth_data
         torch.testing.assert_close(params["2x2"][key], value, rtol=0, atol=1e-5, msg=key)
 
 
+@pytest.mark.slow
 def test_kill_on_one_host_stops_the_whole_job(netns_cluster, dtrain_home):
     yaml = netns_cluster.cluster_yaml(2)
     run = Run(str(yaml), "--no-preflight", "--nproc-per-node", "2", "--port", str(free_port()),
@@ -139,6 +142,7 @@ def test_kill_on_one_host_stops_the_whole_job(netns_cluster, dtrain_home):
 # address of a peer from torch's agent store and dial a closed listener; dist.setup now
 # keys each restart round's rendezvous apart (_incarnation_store). The rerun stays as a
 # guard against other load-induced timeouts of this long test.
+@pytest.mark.slow
 @pytest.mark.flaky(reruns=1)
 def test_elastic_restart_resumes_from_checkpoint(netns_cluster, dtrain_home, synth_data, tmp_path):
     yaml = netns_cluster.cluster_yaml(2)
@@ -182,6 +186,7 @@ def test_preflight_failure_launches_nothing(netns_cluster, dtrain_home):
         assert not [c for _, c in netns_cluster.processes(h) if "torch.distributed.run" in c]
 
 
+@pytest.mark.slow
 def test_code_sync_over_ssh_to_a_node_with_its_own_workdir(netns_cluster, dtrain_home, tmp_path):
     proj, elsewhere = tmp_path / "proj", tmp_path / "h2-workdir"
     proj.mkdir()
@@ -200,6 +205,7 @@ def test_code_sync_over_ssh_to_a_node_with_its_own_workdir(netns_cluster, dtrain
     assert (elsewhere / "show.py").exists() and not list(proj.glob(".dtrain-sync-*"))
 
 
+@pytest.mark.slow
 def test_network_partition_of_one_host_ends_the_job(netns_cluster, dtrain_home):
     yaml = netns_cluster.cluster_yaml(2)
     run = Run(str(yaml), "--no-preflight", "--no-monitor", "--nproc-per-node", "1", "--port", str(free_port()),
@@ -231,6 +237,7 @@ def _plan_of_dry_run(text: str, real_id: str, dry_id: str) -> dict[str, dict]:
     return nodes
 
 
+@pytest.mark.slow
 def test_dry_run_prints_the_plan_the_real_run_stores(netns_cluster, dtrain_home, tmp_path):
     """gpus: omitted, so the probe's findings (GPU count, interface) shape the plan: the
     dry run probes for them too and prints exactly what job.json then holds."""
@@ -251,6 +258,7 @@ def test_dry_run_prints_the_plan_the_real_run_stores(netns_cluster, dtrain_home,
     assert_nothing_left(netns_cluster, run.job_id)
 
 
+@pytest.mark.slow
 def test_hosts_given_as_ssh_config_aliases_need_no_cluster_file(netns_cluster, dtrain_home, tmp_path):
     """`--hosts gpu-1,gpu-2`: names only this machine's ssh config knows (no namespace host
     resolves them); the other nodes are told the HostName IPs `ssh -G` gives."""

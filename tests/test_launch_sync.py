@@ -111,6 +111,7 @@ def test_the_launch_itself_looks_for_the_code_and_says_when_it_is_missing(tmp_pa
     assert node_command(launch, check_sync=False) == (launch.argv, str(remote))
 
 
+@pytest.mark.slow
 def test_dtrain_run_copies_to_a_node_whose_launch_finds_no_code(tmp_path, dtrain_home):
     from launch_helpers import dtrain, free_port
 

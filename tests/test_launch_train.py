@@ -4,13 +4,14 @@ with the plan; and its data is checked once, before any rank is spawned."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 
+import pytest
 import yaml
 from launch_helpers import REPO, dtrain, job_id_of, wait_gone
+from stall_hook import stall_env
 
 
 def _config(path, data_root, out_dir):
@@ -22,14 +23,13 @@ def _config(path, data_root, out_dir):
     return path
 
 
+@pytest.mark.slow
 def test_a_local_train_is_listed_logged_and_stopped_like_a_cluster_job(synth_data, tmp_path, dtrain_home):
-    from dtrain.train.trainer import STALL_ENV
-
     cfg = _config(tmp_path / "cfg.yaml", synth_data, tmp_path / "out")
     log = tmp_path / "train.log"
-    with open(log, "wb") as fh:  # the ranks wait after step 1 until stopped (test-only knob)
+    with open(log, "wb") as fh:  # the ranks wait after step 1 until stopped (stall_hook)
         proc = subprocess.Popen([sys.executable, "-m", "dtrain", "train", str(cfg), "--nproc", "2"], cwd=REPO,
-                                stdout=fh, stderr=subprocess.STDOUT, env=dict(os.environ, **{STALL_ENV: "1"}))
+                                stdout=fh, stderr=subprocess.STDOUT, env=stall_env(tmp_path / "stall", 1))
     try:
         deadline = time.monotonic() + 300
         while log.read_text(errors="replace").count("stalled after step 1") < 2:

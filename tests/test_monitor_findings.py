@@ -91,6 +91,40 @@ def test_not_reporting_nodes():
     assert [(f.kind, f.node, f.t) for f in found] == [("not_reporting", "h2", 5.0)]
 
 
+def test_a_node_silent_at_a_normal_end_is_finished_not_lost():
+    # h2 went quiet 100 s before the end (killed mid-job), h3 2 s before (with the job)
+    nodes = [{"node": "h1", "state": "reporting", "state_since": 1.0},
+             {"node": "h2", "state": "not_reporting", "state_since": 100.0},
+             {"node": "h3", "state": "not_reporting", "state_since": 198.0},
+             {"node": "h4", "state": "pending", "state_since": 0.0}]
+    for state in ("succeeded", "stopped", "unknown"):
+        end = F.JobEnd(200.0, state)
+        assert [n["state"] for n in F.node_states(nodes, end)] == ["finished", "not_reporting", "finished", "pending"]
+        assert [f.node for f in F.not_reporting(nodes, end)] == ["h2"]
+    # a failed job keeps every lost node (one that died is often why it failed); a running one too
+    assert [f.node for f in F.not_reporting(nodes, F.JobEnd(200.0, "failed"))] == ["h2", "h3"]
+    assert [n["state"] for n in F.node_states(nodes, None)] == [n["state"] for n in nodes]
+    assert [f.node for f in F.not_reporting(nodes)] == ["h2", "h3"]
+
+
+def test_recorded_findings_are_judged_against_the_end(tmp_path):
+    from dtrain.monitor.store import Store
+
+    store = Store.for_job(tmp_path)
+    for node in ("h1", "h2"):
+        store.upsert_node(node, f"http://{node}:9464", 0.0, "pending")
+        store.write_poll(0.0, [(node, {}, "{}")], [], [])
+    # h2 stopped reporting at 50 s and came back; h1 went quiet with the job, at 199 s
+    store.add_finding("not_reporting:h2:None:None:50", 50.0, "not_reporting", "h2", None, None, "h2 stopped")
+    store.set_state("h2", "reporting", 60.0, "node h2 reporting again")
+    store.add_finding("not_reporting:h1:None:None:199", 199.0, "not_reporting", "h1", None, None, "h1 stopped")
+    store.set_state("h1", "not_reporting", 199.0, "node h1 stopped reporting")
+    assert [f.t for f in F.from_store(store, F.JobEnd(200.0, "succeeded"))] == [50.0]
+    assert [f.t for f in F.from_store(store, F.JobEnd(200.0, "failed"))] == [50.0, 199.0]
+    assert [f.t for f in F.from_store(store)] == [50.0, 199.0]
+    store.close()
+
+
 def test_analyze_uses_a_window_ending_at_the_newest_sample():
     early_slow = rank_series([0.5] * 100 + [0.1] * 100)
     ranks = {("h1", 0): rank_series([0.1] * 200), ("h1", 1): early_slow}

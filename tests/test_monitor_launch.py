@@ -12,7 +12,7 @@ import pytest
 
 from dtrain.monitor.store import Store
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
 # A rank of an ordinary (non-DDP) job: 6 s of steps, global rank 1 five times slower.
 # (Agents start once the ranks run, ~1-2 s after their first heartbeat: the steps must

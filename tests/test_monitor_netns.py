@@ -18,7 +18,7 @@ from dtrain.monitor.api import agent_argv, agent_env, agent_url
 from dtrain.monitor.collector import Collector
 from dtrain.monitor.store import Store
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.netns, pytest.mark.slow]
 PORT = 19464  # not the launcher's default, so agents of other tests cannot answer for ours
 
 

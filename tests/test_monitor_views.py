@@ -1,6 +1,7 @@
 """top, report and dashboard over a stored job (the collection itself is tested in
 test_monitor_agent/netns): 2 nodes, one GPU each, 4 ranks, rank 3 a straggler, the GPU
-of node b idle, node b's agent lost at the end."""
+of node b idle. In `stored_job` node b's agent is lost 40 s before the end (killed
+mid-job); in `finished_job` it goes quiet with the job, as agents do when a job ends."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from dtrain.monitor.store import Store
 
 T0 = 1_800_000_000.0
 N = 400  # one poll a second: 6.7 minutes
+B_LOST = N - 40  # polls node b answered in `stored_job`
+B_QUIET = N - 4  # ... in `finished_job`
 
 
-def write_job(job_dir):
+def write_job(job_dir, b_polls):
     store = Store.for_job(job_dir)
     store.set_meta(job=job_dir.name, started=T0)
     for node in ("a", "b"):
@@ -28,7 +31,7 @@ def write_job(job_dir):
         t = T0 + i
         nodes, gpus, ranks = [], [], []
         for k, node in enumerate(("a", "b")):
-            if node == "b" and i > N - 5:
+            if node == "b" and i >= b_polls:
                 continue  # b stopped answering
             nodes.append((node, {
                 "cpu": 0.5 + 0.4 * math.sin(i / 20 + k), "mem_used": 6e9 + 1e6 * i, "mem_total": 16 * 2**30,
@@ -39,7 +42,7 @@ def write_job(job_dir):
                                    "power_w": 250.0, "temp_c": 60.0, "sm_clock_hz": 1.4e9}))
         for rank in range(4):
             node = "a" if rank < 2 else "b"
-            if node == "b" and i > N - 5:
+            if node == "b" and i >= b_polls:
                 continue
             step_time = 0.25 if rank == 3 else 0.1
             steps = int(1 / step_time)
@@ -54,8 +57,9 @@ def write_job(job_dir):
                 "steps_total": tot[0], "step_time_total": tot[1], "data_wait_total": tot[2], "samples_total": tot[3],
             }))
         store.write_poll(t, nodes, gpus, ranks)
-    store.set_state("b", "not_reporting", T0 + N - 2, "node b stopped reporting: 3 polls failed")
-    store.add_finding("not_reporting:b:None:None:x", T0 + N - 2, "not_reporting", "b", None, None,
+    lost = T0 + b_polls + 2  # the third missed poll
+    store.set_state("b", "not_reporting", lost, "node b stopped reporting: 3 polls failed")
+    store.add_finding("not_reporting:b:None:None:x", lost, "not_reporting", "b", None, None,
                       "node b stopped reporting: 3 polls failed")
     store.set_meta(stopped=T0 + N)
     store.close()
@@ -64,7 +68,14 @@ def write_job(job_dir):
 @pytest.fixture(scope="module")
 def stored_job(tmp_path_factory):
     job_dir = tmp_path_factory.mktemp("jobs") / "20261202-120000-abcd"
-    write_job(job_dir)
+    write_job(job_dir, B_LOST)
+    return JobInfo(id=job_dir.name, dir=job_dir, name="demo", state="succeeded")
+
+
+@pytest.fixture(scope="module")
+def finished_job(tmp_path_factory):
+    job_dir = tmp_path_factory.mktemp("jobs") / "20261202-130000-ef01"
+    write_job(job_dir, B_QUIET)
     return JobInfo(id=job_dir.name, dir=job_dir, name="demo", state="succeeded")
 
 
@@ -84,9 +95,26 @@ def test_top_renders_every_node_and_the_findings_in_80_columns(stored_job):
     assert "r3 0.25s" in text  # b's slowest rank, on the line under r2
     assert any(c in row_a for c in "▁▂▃▄▅▆▇█")  # CPU sparkline
     assert "rank 3 on b is a straggler" in text
-    assert "GPU 0 on b was idle" in text
-    assert "node b stopped reporting" in text
-    assert "nodes 1/2 reporting" in text
+    assert "node b stopped reporting" in text  # killed mid-job
+    assert "nodes 1/2 finished" in text
+
+
+def test_a_job_that_ended_normally_shows_no_lost_node(finished_job):
+    from dtrain.monitor.jobreport import write_report
+    from dtrain.monitor.jobs import resolve
+    from dtrain.monitor.top import render_text
+
+    store = finished_job.open()
+    text = render_text(store, finished_job, width=80)
+    store.close()
+    assert "stopped reporting" not in text and "nodes 2/2 finished" in text
+    assert "rank 3 on b is a straggler" in text and "GPU 0 on b was idle" in text
+    # `dtrain report DIR` (what a copied job directory resolves to)
+    out = finished_job.dir / "report"
+    summary = write_report(resolve(str(finished_job.dir)), out)
+    assert {f["kind"] for f in summary["findings"]} == {"straggler", "idle_gpu"}
+    assert {n: v["state"] for n, v in summary["nodes"].items()} == {"a": "finished", "b": "finished"}
+    assert "stopped reporting" not in (out / "report.html").read_text()
 
 
 def test_report_writes_html_pngs_and_summary(stored_job, tmp_path, dtrain_cmd):
@@ -103,20 +131,43 @@ def test_report_writes_html_pngs_and_summary(stored_job, tmp_path, dtrain_cmd):
     s = json.loads((out / "summary.json").read_text())
     tot = s["totals"]
     assert tot["nodes"] == 2 and tot["ranks"] == 4 and tot["gpus"] == 2
-    # node a: 400 samples 1 s apart -> 400 s; node b: 396 s
-    assert tot["node_hours"] == pytest.approx((400 + 396) / 3600)
-    assert tot["gpu_hours"] == pytest.approx((400 + 396) / 3600)
-    assert tot["mean_gpu_utilization"] == pytest.approx((0.93 * 400 + 0.02 * 396) / 796)
-    # every step waits 0.01 s: rank 3 (4 steps/s, 396 polls) + ranks 0..2 (10 steps/s)
-    steps = 10 * 400 * 2 + 10 * 396 + 4 * 396
+    # node a: 400 samples 1 s apart -> 400 s; node b: 360 s
+    assert tot["node_hours"] == pytest.approx((N + B_LOST) / 3600)
+    assert tot["gpu_hours"] == pytest.approx((N + B_LOST) / 3600)
+    assert tot["mean_gpu_utilization"] == pytest.approx((0.93 * N + 0.02 * B_LOST) / (N + B_LOST))
+    # every step waits 0.01 s: rank 3 (4 steps/s, 360 polls) + ranks 0..2 (10 steps/s)
+    steps = 10 * N * 2 + 10 * B_LOST + 4 * B_LOST
     assert tot["steps"] == steps and tot["data_wait_s"] == pytest.approx(0.01 * steps)
     assert s["ranks"]["3"]["node"] == "b" and s["ranks"]["3"]["step_time_median"] == pytest.approx(0.25)
     assert s["ranks"]["0"]["data_wait_fraction"] == pytest.approx(0.1)
     assert s["nodes"]["a"]["gpus"]["0"]["util_mean"] == pytest.approx(0.93)
     kinds = {(f["kind"], f["node"], f["rank"], f["gpu"]) for f in s["findings"]}
     assert kinds == {("straggler", "b", 3, None), ("idle_gpu", "b", None, 0), ("not_reporting", "b", None, None)}
+    assert s["nodes"]["a"]["state"] == "finished" and s["nodes"]["b"]["state"] == "not_reporting"
     html = (out / "report.html").read_text()
     assert "rank 3 on b is a straggler" in html and "<img src='utilization.png'" in html
+    assert "node b stopped reporting" in html
+
+
+def test_a_failed_job_keeps_a_node_lost_at_its_end(finished_job, dtrain_home):
+    # A node that dies makes the job fail seconds later: that loss explains the failure.
+    # `top` learns the end from the registry while it watches.
+    from dtrain.jobs.registry import JobRegistry, JobState
+    from dtrain.monitor.jobs import JobInfo, refresh
+    from dtrain.monitor.top import render_text
+
+    registry = JobRegistry()
+    rec = registry.create("demo", ["a", "b"], 4, finished_job.dir, job_id=finished_job.id)
+    registry.mark_running(rec.id)
+    watched = refresh(JobInfo(id=rec.id, dir=finished_job.dir, state="running"))
+    assert watched.state == "running"
+    registry.finish(rec.id, JobState.FAILED, 1, "node b failed")
+    watched = refresh(watched)
+    assert watched.state == "failed" and watched.ended is not None
+    store = watched.open()
+    text = render_text(store, watched, width=80)
+    store.close()
+    assert "node b stopped reporting" in text and "nodes 1/2 finished" in text
 
 
 def test_views_of_an_unknown_job_fail_with_a_message(dtrain_home, dtrain_cmd):
@@ -137,7 +188,7 @@ def test_top_cli_once(stored_job, dtrain_cmd):
     assert "rank 3 on b is a straggler" in res.stdout and "r3 0.25s" in res.stdout
 
 
-def test_dashboard_of_a_finished_job_in_headless_chromium(stored_job, dtrain_home, tmp_path):
+def test_dashboard_of_a_finished_job_in_headless_chromium(finished_job, stored_job, dtrain_home, tmp_path):
     import re
     import shutil
     import subprocess
@@ -149,8 +200,9 @@ def test_dashboard_of_a_finished_job_in_headless_chromium(stored_job, dtrain_hom
         if os.environ.get("CI"):
             pytest.fail("chromium is missing in CI (.ci/run installs it)")
         pytest.skip("chromium is not installed (apt-get install chromium)")
-    shutil.copytree(stored_job.dir, dtrain_home / "jobs" / stored_job.id)
-    logs = dtrain_home / "jobs" / stored_job.id / "logs"
+    for job in (stored_job, finished_job):
+        shutil.copytree(job.dir, dtrain_home / "jobs" / job.id)
+    logs = dtrain_home / "jobs" / finished_job.id / "logs"
     logs.mkdir()
     (logs / "a.log").write_text("[a:r0] epoch 0 step 10 loss 1.93\n")
 
@@ -161,22 +213,26 @@ def test_dashboard_of_a_finished_job_in_headless_chromium(stored_job, dtrain_hom
     base = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         jobs = json.loads(urllib.request.urlopen(base + "/api/jobs", timeout=10).read())
-        assert [j["id"] for j in jobs] == [stored_job.id]
+        assert {j["id"] for j in jobs} == {stored_job.id, finished_job.id}
         js = urllib.request.urlopen(base + "/static/plotly.min.js", timeout=10).read()
         assert len(js) > 1_000_000 and b"plotly" in js[:2000].lower()
-        assert urllib.request.urlopen(base + "/api/jobs/" + stored_job.id + "/logs", timeout=10).status == 200
+        assert urllib.request.urlopen(base + "/api/jobs/" + finished_job.id + "/logs", timeout=10).status == 200
         # live updates: the page asks only for samples newer than the last it has
-        newer = json.loads(urllib.request.urlopen(f"{base}/api/jobs/{stored_job.id}/series?since={T0 + N - 3}",
+        newer = json.loads(urllib.request.urlopen(f"{base}/api/jobs/{finished_job.id}/series?since={T0 + N - 3}",
                                                   timeout=10).read())
         assert newer["nodes"]["a"]["t"] == [T0 + N - 2, T0 + N - 1] and "b" not in newer["nodes"]
         assert newer["last"] == T0 + N - 1
+        # a node killed mid-job is still reported
+        lost = json.loads(urllib.request.urlopen(f"{base}/api/jobs/{stored_job.id}/series", timeout=10).read())
+        assert {n["node"]: n["state"] for n in lost["states"]} == {"a": "finished", "b": "not_reporting"}
+        assert [f["node"] for f in lost["findings"] if f["kind"] == "not_reporting"] == ["b"]
 
         shot = tmp_path / "dashboard.png"
         res = subprocess.run(
             [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              f"--user-data-dir={tmp_path / 'chromium'}", "--window-size=1400,2000", "--virtual-time-budget=5000",
-             f"--screenshot={shot}", "--dump-dom", base + "/"],
+             f"--screenshot={shot}", "--dump-dom", f"{base}/#job={finished_job.id}"],
             capture_output=True, text=True, timeout=180,
         )  # fmt: skip
     finally:
@@ -187,10 +243,12 @@ def test_dashboard_of_a_finished_job_in_headless_chromium(stored_job, dtrain_hom
     charts = dict(re.findall(r'<div id="chart-(\w+)" class="chart js-plotly-plot" data-points="(\d+)"', dom))
     assert set(charts) == {"cpu", "mem", "net_rx", "net_tx", "disk_r", "disk_w", "gpu_util", "gpu_mem", "step_time",
                            "samples", "loss", "data_wait"}, charts  # fmt: skip
-    assert int(charts["cpu"]) == 400 + 396 and int(charts["step_time"]) == 400 * 2 + 396 * 2
+    assert int(charts["cpu"]) == N + B_QUIET and int(charts["step_time"]) == N * 2 + B_QUIET * 2
     assert all(int(n) > 0 for n in charts.values())
     assert dom.count('class="js-line"') >= 12  # plotly drew the lines in SVG
     assert "rank 3 on b is a straggler" in dom and "[a:r0] epoch 0 step 10 loss 1.93" in dom
+    assert finished_job.id in dom and "stopped reporting" not in dom
+    assert ">a: finished<" in dom and ">b: finished<" in dom
     assert shot.stat().st_size > 20_000 and shot.read_bytes()[:4] == b"\x89PNG"
 
 

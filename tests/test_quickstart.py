@@ -8,6 +8,10 @@ import json
 import re
 import subprocess
 
+import pytest
+
+pytestmark = pytest.mark.slow  # end to end: ./dev test -m 'not slow' leaves it out
+
 DESIGN_KEYS = {"classes", "accuracy", "miss_rate", "miss_rate_upper95", "false_alarm_rate", "threshold",
                "per_class", "confusion_matrix", "n_images"}
 

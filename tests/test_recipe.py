@@ -116,6 +116,7 @@ def test_sqrt_inverse_loss_weights():
     assert loss_weights("none", Train(), 4, torch.device("cpu")) is None
 
 
+@pytest.mark.slow
 def test_quickstart_data_decides_trains_and_reports(synth_data, tmp_path, dtrain_cmd, dtrain_home):
     work = tmp_path / "qs"
     argv = [*dtrain_cmd, "quickstart", "--data", str(synth_data), "--workdir", str(work), "--epochs", "2", "--nproc", "1"]

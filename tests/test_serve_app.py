@@ -11,6 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+pytestmark = pytest.mark.slow  # end to end: ./dev test -m 'not slow' leaves it out
+
 MAX_BODY = 1_000_000
 
 

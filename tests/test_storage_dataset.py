@@ -36,6 +36,7 @@ def s3_shards(synth_data, s3_server):
             os.environ[k] = v
 
 
+@pytest.mark.slow
 def test_s3_shards_give_the_local_samples_bit_for_bit(synth_data, s3_shards, tmp_path):
     local = open_split(DataConfig(root=str(synth_data), image_size=32), "train", train=True)
     remote = open_split(DataConfig(root=s3_shards, image_size=32, cache_dir=str(tmp_path)), "train", train=True)
@@ -54,6 +55,7 @@ def test_s3_shards_give_the_local_samples_bit_for_bit(synth_data, s3_shards, tmp
     assert torch.equal(a[(1, 3)][0], b[(1, 3)][0]) and not torch.equal(b[(1, 3)][0], b[(2, 3)][0])
 
 
+@pytest.mark.slow
 def test_remote_shards_fill_a_bounded_local_cache(s3_shards, tmp_path):
     ds = open_split(DataConfig(root=s3_shards, image_size=32, cache_dir=str(tmp_path)), "train", train=False)
     total = sum(ds.shard_bytes)
@@ -100,6 +102,7 @@ def _count_gets(ds, monkeypatch) -> list[list[tuple[str, int, int]]]:
     return calls
 
 
+@pytest.mark.slow
 def test_a_batch_reads_merged_ranges_or_whole_shards(s3_shards, tmp_path, monkeypatch):
     import dtrain.data.shards as shards
 
@@ -131,6 +134,7 @@ def test_a_batch_reads_merged_ranges_or_whole_shards(s3_shards, tmp_path, monkey
     assert not list((tmp_path / "n").rglob("*.tar"))
 
 
+@pytest.mark.slow
 def test_loader_workers_read_s3_shards_with_the_parents_service_models(s3_shards, tmp_path):
     ds = open_split(DataConfig(root=s3_shards, image_size=32, cache_dir=str(tmp_path)), "train", train=False)
     parent = ds.store.fs
@@ -161,6 +165,7 @@ def test_unreadable_image_in_a_shard_is_skipped(tmp_path):
     assert ds.bad_files == ["train/scratch/scratch_9.png"]
 
 
+@pytest.mark.slow
 def test_addresses_and_their_errors(s3_shards, tmp_path):
     with pytest.raises(DtrainError, match="no split 'nope'"):
         open_split(DataConfig(root=s3_shards), "nope", train=False)

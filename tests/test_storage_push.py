@@ -70,6 +70,7 @@ def test_push_local_verify_info_and_webdataset_reads_it(synth_data, tmp_path):
     assert seen == manifest.splits["train"].count
 
 
+@pytest.mark.slow
 def test_interrupted_push_resumes_without_reupload(synth_data, s3_server, monkeypatch, tmp_path):
     for k, v in s3_server.env().items():
         monkeypatch.setenv(k, v)
@@ -109,6 +110,7 @@ def test_interrupted_push_resumes_without_reupload(synth_data, s3_server, monkey
     assert verify(open_store(dest)).ok
 
 
+@pytest.mark.slow
 def test_missing_bucket_and_wrong_credentials_are_one_line_errors(synth_data, s3_server, tmp_path):
     missing = run_cli(["data", "push", str(synth_data), "s3://no-such-bucket-dtrain/x"], env=s3_server.env())
     assert missing.returncode != 0 and "Traceback" not in missing.stderr

@@ -33,7 +33,10 @@ from dtrain.data.config import DataConfig
 from dtrain.data.shard_push import parse_size, push
 from dtrain.data.shard_verify import load_manifest, verify
 from dtrain.data.storage import open_store
-from dtrain.train.trainer import STALL_ENV
+
+from stall_hook import stall_env
+
+pytestmark = pytest.mark.slow  # end to end: ./dev test -m 'not slow' leaves it out
 
 TRACE = "DTRAIN_DATA_TRACE"
 
@@ -180,8 +183,8 @@ def _kill_process_groups(proc: subprocess.Popen) -> None:
 
 def test_run_killed_mid_epoch_resumes_with_each_remaining_sample_once(synth_data, tmp_path):
     """`dtrain train --nproc 2` checkpoints every 3 steps; every rank stalls after step 7
-    (the test-only DTRAIN_TEST_STALL_AFTER_STEP knob, so the kill lands at a known point,
-    not a race); the test SIGKILLs all its process groups, then `--resume`s. The resumed
+    (tests/stall_hook.py, so the kill lands at a known point, not a race); the test SIGKILLs all
+    its process groups, then `--resume`s. The resumed
     run must fetch exactly the samples after the checkpointed step, each once, and none
     the checkpoint already covered; step 7, trained but lost with the kill, is redone."""
     dest = tmp_path / "shards"
@@ -199,7 +202,7 @@ def test_run_killed_mid_epoch_resumes_with_each_remaining_sample_once(synth_data
     train = [sys.executable, "-m", "dtrain", "train", str(cfg), "--nproc", str(world),
              "--set", f"checkpoint_every_steps={every}"]
     log = tmp_path / "killed.log"
-    env = dict(os.environ, **{TRACE: str(first), STALL_ENV: str(stall)})
+    env = stall_env(tmp_path / "stall", stall, **{TRACE: str(first)})
     with open(log, "wb") as fh:
         proc = subprocess.Popen(train, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     try:

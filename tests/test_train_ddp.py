@@ -16,6 +16,8 @@ import pytest
 import torch
 import yaml
 
+from stall_hook import stall_env
+
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 600
 
@@ -65,6 +67,7 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max((x.double() - b[k].double()).abs().max().item() for k, x in a.items() if x.numel())
 
 
+@pytest.mark.slow
 def test_ddp_two_ranks_equal_one_process_with_double_batch(synth_data, tmp_path):
     """2 ranks x batch 8 (under plain torchrun) == 1 process x batch 16, after 4 steps.
 
@@ -109,9 +112,10 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_matches_an_uninterrupted_run(synth_data, tmp_path, dtrain_cmd):
     """`dtrain train --nproc 2` checkpointing every 4 steps (6 steps per epoch), every
-    process SIGKILLed while the ranks wait after step 9 (the test-only stall knob, so the
+    process SIGKILLed while the ranks wait after step 9 (tests/stall_hook.py, so the
     kill lands at a known point), then `--resume` from the mid-epoch checkpoint of step 8:
     the final weights equal an uninterrupted run's (CPU fp32).
 
@@ -120,8 +124,6 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(synth_data, tmp_path,
     already trained on, and the per-sample seeded augmentation must not depend on worker
     history.
     """
-    from dtrain.train.trainer import STALL_ENV
-
     data = small_copy(synth_data, tmp_path / "data", {"train": 16, "val": 4})
     extra = dict(epochs=2, batch_size=8, checkpoint_every_steps=4, data={"augment": True, "num_workers": 1})
     full = write_config(tmp_path / "full.yaml", data, tmp_path / "full", **extra)
@@ -131,7 +133,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(synth_data, tmp_path,
     log = tmp_path / "killed.log"
     with open(log, "wb") as fh:
         proc = subprocess.Popen(dtrain_cmd + ["train", str(killed), "--nproc", "2"], cwd=REPO, stdout=fh,
-                                stderr=subprocess.STDOUT, env=dict(os.environ, **{STALL_ENV: "9"}))
+                                stderr=subprocess.STDOUT, env=stall_env(tmp_path / "stall", 9))
     try:
         deadline = time.monotonic() + TIMEOUT
         while log.read_text(errors="replace").count("stalled after step 9") < 2:
@@ -150,6 +152,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(synth_data, tmp_path,
     assert max_diff(a["model"], interrupted["model"]) > 1e-3
 
 
+@pytest.mark.slow
 def test_batches_of_only_unreadable_images_do_not_stop_ddp_training(synth_data, tmp_path, dtrain_cmd):
     """One readable training image among 12 (2 per class), 2 ranks x batch 2, BatchNorm:
     most steps have an empty batch on one rank or both (collate_skip_bad drops every
@@ -176,16 +179,15 @@ def test_batches_of_only_unreadable_images_do_not_stop_ddp_training(synth_data, 
     assert max_diff(fresh, state["model"]) > 1e-4  # the one good image was trained on
 
 
+@pytest.mark.slow
 def test_ranks_die_with_a_sigkilled_launcher(synth_data, tmp_path, dtrain_cmd):
     """torch's elastic agent gives every rank its own session: without the ranks' own
     watch, SIGKILL of `dtrain train` alone would leave them training as orphans."""
-    from dtrain.train.trainer import STALL_ENV
-
     cfg = write_config(tmp_path / "cfg.yaml", synth_data, tmp_path / "out", epochs=1, batch_size=8)
     log = tmp_path / "log.txt"
-    with open(log, "wb") as fh:  # the ranks wait after step 1 until killed (test-only knob)
+    with open(log, "wb") as fh:  # the ranks wait after step 1 until killed (stall_hook)
         proc = subprocess.Popen(dtrain_cmd + ["train", str(cfg), "--nproc", "2"], cwd=REPO, stdout=fh,
-                                stderr=subprocess.STDOUT, env=dict(os.environ, **{STALL_ENV: "1"}))
+                                stderr=subprocess.STDOUT, env=stall_env(tmp_path / "stall", 1))
     ranks: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + TIMEOUT

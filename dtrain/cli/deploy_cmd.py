@@ -29,6 +29,10 @@ def export(
     from rich.console import Console
 
     from dtrain.configio import validate
+    from dtrain.extras import require
+
+    if format != "torch":  # a torch.export program needs nothing beyond torch
+        require("serve", f"dtrain export --format {format}", ("onnx", "onnxscript", "onnxruntime"))
     from dtrain.serve.export import ExportOptions
     from dtrain.serve.export import export as run_export
 
@@ -111,6 +115,9 @@ def serve(
     """Serve the model over HTTP: POST /inspect, /healthz, /metrics, /openapi.json."""
     import socket
 
+    from dtrain.extras import require
+
+    require("serve", "dtrain serve", ("fastapi", "uvicorn", "python_multipart"))
     import uvicorn
 
     from dtrain.configio import validate

@@ -28,6 +28,7 @@ from typing import Any, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 from dtrain.errors import DtrainError
+from dtrain.extras import require
 
 _SECRET_KEYS = ("key", "secret", "token", "password", "aws_access_key_id", "aws_secret_access_key", "aws_session_token")
 _SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
@@ -81,6 +82,7 @@ class Store:
         self.timeout = timeout if timeout is not None else default_timeout()
         self.protocol = urlsplit(self.address).scheme if is_url(self.address) else "file"
         if self.protocol in ("s3", "s3a"):
+            require("s3", f"the data address {self.display}")
             endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
             if endpoint and "endpoint_url" not in self.options and "client_kwargs" not in self.options:
                 self.options["endpoint_url"] = endpoint

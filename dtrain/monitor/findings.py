@@ -17,6 +17,9 @@ IDLE_UTIL = 0.10  # GPU utilisation below this ...
 IDLE_SECONDS = 300.0  # ... for this long while the job runs
 WINDOW_S = 60.0
 MAX_GAP_S = 5.0  # a hole this long in a GPU's samples breaks an idle stretch
+# A node that falls silent this close to a job's normal end went quiet with the job
+# (its agent stops as the ranks finish), not because something broke.
+END_GRACE_S = 15.0
 
 Series = dict[Any, dict[str, list]]
 
@@ -37,6 +40,31 @@ class Finding:
     def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "node": self.node, "rank": self.rank, "gpu": self.gpu, "t": self.t,
                 "message": self.message}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class JobEnd:
+    """When (the collector's clock) and how a job ended; the views pass None while it runs."""
+
+    t: float
+    state: str = "unknown"  # succeeded | failed | stopped | unknown
+
+    def explains(self, silent_since: float) -> bool:
+        """A node silent since `silent_since` just went with a job that ended normally.
+        A failed job keeps every lost node: a node that died is often why it failed."""
+        return self.state != "failed" and silent_since >= self.t - END_GRACE_S
+
+
+def node_states(nodes: Iterable[dict[str, Any]], end: JobEnd | None) -> list[dict[str, Any]]:
+    """The collector's node rows with the state a person should read: after the end a
+    node that reported to the end (or went quiet with it) is "finished"."""
+    out = []
+    for n in nodes:
+        state = n.get("state")
+        if end is not None and (state == "reporting" or (state == "not_reporting" and end.explains(n["state_since"]))):
+            n = {**n, "state": "finished"}
+        out.append(n)
+    return out
 
 
 def _window(series: dict[str, list], start: float | None) -> list[int]:
@@ -122,12 +150,12 @@ def idle_gpus(gpus: Series, min_idle_s: float = IDLE_SECONDS, util: float = IDLE
     return out
 
 
-def not_reporting(nodes: Iterable[dict[str, Any]]) -> list[Finding]:
-    """Nodes the collector currently marks as not reporting."""
+def not_reporting(nodes: Iterable[dict[str, Any]], end: JobEnd | None = None) -> list[Finding]:
+    """Nodes the collector marks as not reporting, less those that went quiet with the job's end."""
     return [
         Finding("not_reporting", f"node {n['node']} stopped reporting (agent unreachable since "
                 f"{_clock(n['state_since'])})", n["state_since"], node=n["node"])  # fmt: skip
-        for n in nodes
+        for n in node_states(nodes, end)
         if n.get("state") == "not_reporting"
     ]
 
@@ -136,31 +164,35 @@ def _clock(t: float) -> str:
     return time.strftime("%H:%M:%S UTC", time.gmtime(t))
 
 
-def analyze(nodes: list[dict[str, Any]], ranks: Series, gpus: Series, *, window_s: float | None = WINDOW_S,
-            idle_s: float = IDLE_SECONDS) -> list[Finding]:  # fmt: skip
+def analyze(nodes: list[dict[str, Any]], ranks: Series, gpus: Series, *, end: JobEnd | None = None,
+            window_s: float | None = WINDOW_S, idle_s: float = IDLE_SECONDS) -> list[Finding]:  # fmt: skip
     """Every rule; the straggler and starvation window ends at the newest rank sample
     (so a finished job is judged on its last minute; window_s=None: the whole run)."""
     newest = max((s["t"][-1] for s in ranks.values() if s["t"]), default=None)
     start = None if window_s is None or newest is None else newest - window_s
     return [
-        *not_reporting(nodes),
+        *not_reporting(nodes, end),
         *stragglers(ranks, start),
         *data_starvation(ranks, start),
         *idle_gpus(gpus, idle_s),
     ]
 
 
-def from_store(store: Any, *, window_s: float | None = WINDOW_S, idle_s: float = IDLE_SECONDS) -> list[Finding]:
-    """Current findings plus the ones the collector recorded while the job ran."""
+def from_store(store: Any, end: JobEnd | None = None, *, window_s: float | None = WINDOW_S,
+               idle_s: float = IDLE_SECONDS) -> list[Finding]:  # fmt: skip
+    """Current findings plus the ones the collector recorded while the job ran, judged
+    against the job's `end` (None: it still runs)."""
     since = 0.0
     if window_s is not None:
         span = store.time_range()
         since = 0.0 if span is None else span[1] - max(window_s, idle_s) - 5.0
-    live = analyze(store.nodes(), store.rank_series(since), store.gpu_series(since), window_s=window_s, idle_s=idle_s)
+    live = analyze(store.nodes(), store.rank_series(since), store.gpu_series(since), end=end, window_s=window_s,
+                   idle_s=idle_s)  # fmt: skip
     seen = {f.key for f in live}
     recorded = [
         Finding(r["kind"], r["message"], r["t"], r["node"], r["rank"], r["gpu"])
         for r in store.findings()
         if f"{r['kind']}:{r['node']}:{r['rank']}:{r['gpu']}" not in seen
+        and not (r["kind"] == "not_reporting" and end is not None and end.explains(r["t"]))
     ]
     return sorted(live + recorded, key=lambda f: f.t)

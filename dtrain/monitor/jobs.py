@@ -13,7 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from dtrain.errors import DtrainError
+from dtrain.monitor.findings import JobEnd
 from dtrain.monitor.store import FILENAME, Store
+
+TERMINAL = ("succeeded", "failed", "stopped")
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,17 @@ class JobInfo:
 
     def open(self) -> Store:
         return Store(self.metrics, readonly=True)
+
+    def end(self, store: Store) -> JobEnd | None:
+        """How the job ended, None while it runs. The time is the collector's stop (the
+        clock its node states use); the state is the registry's (unknown for a copied job
+        directory), which may lag the store a moment: a job whose collector stopped has
+        ended either way."""
+        stopped = store.meta().get("stopped")
+        t = stopped if stopped is not None else self.ended
+        if t is None:
+            return None
+        return JobEnd(float(t), self.state if self.state in TERMINAL else "unknown")
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "state": self.state, "started": self.started, "ended": self.ended,
@@ -75,6 +89,19 @@ def list_jobs() -> list[JobInfo]:
         if path.name not in out and (path / FILENAME).is_file():
             out[path.name] = _from_dir(path)
     return sorted(out.values(), key=lambda j: j.metrics.stat().st_mtime, reverse=True)
+
+
+def refresh(info: JobInfo) -> JobInfo:
+    """`info` as the registry (or job.json) has it now: `dtrain top` watches one job while
+    its state changes. A terminal state is final."""
+    if info.state in TERMINAL:
+        return info
+    from dtrain.jobs.registry import JobRegistry
+
+    try:
+        return _from_record(JobRegistry().get(info.id))
+    except DtrainError:
+        return _from_dir(info.dir)
 
 
 def resolve(job: str | None) -> JobInfo:

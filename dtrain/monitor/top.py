@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dtrain.monitor import findings as rules
-from dtrain.monitor.jobs import JobInfo
+from dtrain.monitor.jobs import JobInfo, refresh
 from dtrain.monitor.store import Store
 
 HISTORY_S = 120.0  # what the sparklines cover
@@ -59,15 +59,16 @@ def _last(values: list) -> Any:
     return next((v for v in reversed(values) if v is not None), None)
 
 
-def node_rows(store: Store, window_s: float = rules.WINDOW_S) -> list[dict[str, Any]]:
-    """Per node: latest values, CPU history, GPUs, and the fastest/slowest rank of the
-    node by median step time over the last `window_s` of stored samples."""
+def node_rows(store: Store, end: rules.JobEnd | None, window_s: float = rules.WINDOW_S) -> list[dict[str, Any]]:
+    """Per node: state (as of the job's `end`), latest values, CPU history, GPUs, and the
+    fastest/slowest rank of the node by median step time over the last `window_s` of
+    stored samples."""
     span = store.time_range()
     since = 0.0 if span is None else span[1] - HISTORY_S
     series = store.node_series(since)
     gpus = store.gpu_series(since)
     ranks = store.rank_series(0.0 if span is None else span[1] - window_s)
-    states = {n["node"]: n["state"] for n in store.nodes()}
+    states = {n["node"]: n["state"] for n in rules.node_states(store.nodes(), end)}
     rows = []
     for node in sorted(set(series) | set(states)):
         s = series.get(node, {})
@@ -91,15 +92,16 @@ def node_rows(store: Store, window_s: float = rules.WINDOW_S) -> list[dict[str, 
     return rows
 
 
-def _header(store: Store, job: JobInfo, rows: list[dict[str, Any]]) -> Text:
+def _header(store: Store, job: JobInfo, rows: list[dict[str, Any]], ended: bool) -> Text:
     span = store.time_range()
-    reporting = sum(r["state"] == "reporting" for r in rows)
+    shown = "finished" if ended else "reporting"
+    counted = sum(r["state"] == shown for r in rows)
     elapsed = "" if span is None else f"  {(span[1] - span[0]) / 60:.1f} min"
     ranks = store.rank_series(0.0 if span is None else span[1] - 10)
     rate = sum(_last(v["samples_per_s"]) or 0.0 for v in ranks.values())
     loss = next((_last(v["loss"]) for k, v in sorted(ranks.items(), key=lambda kv: kv[0][1])), None)
     text = Text(f"job {job.id}", style="bold")
-    text.append(f"  {job.state}{elapsed}  nodes {reporting}/{len(rows)} reporting")
+    text.append(f"  {job.state}{elapsed}  nodes {counted}/{len(rows)} {shown}")
     if ranks:
         text.append(f"  {human(rate)} samples/s")
     if loss is not None:
@@ -108,7 +110,8 @@ def _header(store: Store, job: JobInfo, rows: list[dict[str, Any]]) -> Text:
 
 
 def render(store: Store, job: JobInfo) -> Group:
-    rows = node_rows(store)
+    end = job.end(store)
+    rows = node_rows(store, end)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True)
     for header, justify in (("node", "left"), ("cpu", "left"), ("mem G", "right"), ("net i/o", "right"),
                             ("disk r/w", "right"), ("gpu util mem", "left"), ("step", "left")):  # fmt: skip
@@ -133,8 +136,8 @@ def render(store: Store, job: JobInfo) -> Group:
             (fast, fr), (slow, sr) = r["fastest"], r["slowest"]
             step = f"r{fr} {fast:.3g}s" if fr == sr else f"r{fr} {fast:.3g}s\nr{sr} {slow:.3g}s"
         table.add_row(name, cpu, mem, net, disk, gpu, step)
-    found = rules.from_store(store)
-    lines: list[Any] = [_header(store, job, rows), table]
+    found = rules.from_store(store, end)
+    lines: list[Any] = [_header(store, job, rows, end is not None), table]
     if found:
         lines.append(Text("findings", style="bold"))
         lines += [Text(f"! {f.message}", style="yellow") for f in found]
@@ -155,6 +158,7 @@ def run_live(job: JobInfo, console: Console, refresh_s: float = 1.0, stop: Calla
         with Live(render(store, job), console=console, refresh_per_second=4, screen=False) as live:
             while not stop():
                 time.sleep(refresh_s)
+                job = refresh(job)  # how the job ended decides which findings stand
                 live.update(render(store, job))
     finally:
         store.close()

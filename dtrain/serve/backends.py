@@ -64,6 +64,11 @@ def get_backend(name: str) -> Backend:
 
 
 class _OnnxRuntime(Backend):
+    def unavailable_reason(self) -> str | None:
+        from dtrain.extras import missing
+
+        return "onnxruntime is not installed: pip install 'dtrain[serve]'" if missing(["onnxruntime"]) else None
+
     def load(self, path: Path) -> Runner:
         import onnxruntime as ort
 

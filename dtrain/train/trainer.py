@@ -9,7 +9,6 @@ One entry point for a plain process (a world of one, no process group), `torchru
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import sys
 import time
@@ -35,12 +34,6 @@ from dtrain.train.config import TrainConfig
 from dtrain.train.loaders import Loaders, build_loaders
 from dtrain.train.logs import NullLog, RunLog
 from dtrain.train.schedule import build_optimizer, build_scheduler
-
-# Test-only: with DTRAIN_TEST_STALL_AFTER_STEP=N every rank stops (sleeps until killed)
-# right after optimizer step N and its checkpoint, so that a test can SIGKILL a run at a
-# known point instead of racing a moving one (tests/test_storage_train.py).
-STALL_ENV = "DTRAIN_TEST_STALL_AFTER_STEP"
-
 
 @dataclass
 class TrainResult:
@@ -109,7 +102,6 @@ class _Trainer:
         self.stream = stream
         self.log: NullLog = NullLog()
         self.last_metrics: dict[str, float] = {}
-        self.stall_after = int(os.environ.get(STALL_ENV) or 0)
 
     # ---- setup -------------------------------------------------------------------------
 
@@ -249,8 +241,6 @@ class _Trainer:
             if self.mid_epoch_checkpoint_due(state):
                 self.save(state, epoch_end=False)
                 t_prev = t_step = time.perf_counter()  # the save is neither step nor data time
-            if state.step == self.stall_after:
-                self.stall_for_tests(state)
             if state.step_in_epoch >= self.steps_per_epoch or self.reached_max(state):
                 break
         if window.steps:
@@ -281,11 +271,6 @@ class _Trainer:
             every is not None and state.step % every == 0
             and state.step_in_epoch < self.steps_per_epoch and not self.reached_max(state)
         )
-
-    def stall_for_tests(self, state: State) -> None:
-        print(f"dtrain: rank {self.ctx.rank} stalled after step {state.step} ({STALL_ENV})", file=sys.stderr, flush=True)
-        while True:
-            time.sleep(60)
 
     def flush_window(self, state: State, window: "_Window", lr: float) -> None:
         loss_sum, images = dist.all_reduce_sum([float(window.loss_sum), window.images], self.ctx)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dtrain.errors import DtrainError
+from dtrain.extras import require
 from dtrain.monitor import findings as rules
 from dtrain.monitor.jobs import JobInfo, list_jobs
 
@@ -33,9 +34,8 @@ MAX_POINTS = 2000  # per series and request: a day of 1 Hz samples is thinned fo
 
 def plotly_js() -> Path:
     """plotly.min.js as shipped inside the plotly wheel (found without importing plotly)."""
+    require("dashboard", "dtrain dashboard")
     spec = importlib.util.find_spec("plotly")
-    if spec is None or not spec.submodule_search_locations:
-        raise DtrainError("the plotly package is missing", "pip install plotly (it ships the dashboard's charts)")
     path = Path(next(iter(spec.submodule_search_locations))) / "package_data" / "plotly.min.js"
     if not path.is_file():
         raise DtrainError(f"plotly.min.js not found at {path}", "reinstall plotly: pip install --force-reinstall plotly")
@@ -63,6 +63,7 @@ def series(job_id: str, since: float) -> dict[str, Any]:
     info = _job(job_id)
     store = info.open()
     try:
+        end = info.end(store)
         span = store.time_range()
         nodes = {}
         for node, cols in store.node_series(since).items():
@@ -72,11 +73,11 @@ def series(job_id: str, since: float) -> dict[str, Any]:
             "job": info.as_dict(),
             "last": span[1] if span else since,
             "first": span[0] if span else None,
-            "states": store.nodes(),
+            "states": rules.node_states(store.nodes(), end),
             "nodes": nodes,
             "gpus": {f"{n}/gpu{g}": _thin(s) for (n, g), s in store.gpu_series(since).items()},
             "ranks": {f"{r}": dict(_thin(s), node=n) for (n, r), s in store.rank_series(since).items()},
-            "findings": [f.as_dict() for f in rules.from_store(store)],
+            "findings": [f.as_dict() for f in rules.from_store(store, end)],
         }  # fmt: skip
     finally:
         store.close()

@@ -34,7 +34,8 @@ def summarize(store: Store, job: JobInfo) -> dict[str, Any]:
     gpus_s = store.gpu_series()
     ranks_s = store.rank_series()
     span = store.time_range()
-    states = {n["node"]: n for n in store.nodes()}
+    end = job.end(store)
+    states = {n["node"]: n for n in rules.node_states(store.nodes(), end)}
 
     nodes: dict[str, Any] = {}
     node_seconds = 0.0
@@ -81,7 +82,7 @@ def summarize(store: Store, job: JobInfo) -> dict[str, Any]:
 
     duration = (span[1] - span[0]) if span else 0.0
     cpu_means = [n["cpu_mean"] for n in nodes.values() if n.get("cpu_mean") is not None]
-    found = rules.from_store(store, window_s=None)
+    found = rules.from_store(store, end, window_s=None)
     return {
         "job": job.as_dict(),
         "start": span[0] if span else None,
