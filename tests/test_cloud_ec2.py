@@ -58,10 +58,10 @@ defaults: {{python: {sys.executable}}}
 
 def test_up_twice_then_down_leaves_nothing(ec2, dtrain_home, tmp_path):
     cfg = write_cloud_yaml(tmp_path, ec2, "defects")
-    first = dtrain("up", cfg, "--no-preflight", env_home=dtrain_home, ec2=ec2)
+    first = dtrain("up", cfg, "--no-check", env_home=dtrain_home, ec2=ec2)
     assert first.stdout.count("g5.xlarge spot") == 2, first.stdout
     assert ec2.states("defects") == ["running", "running"]
-    dtrain("up", cfg, "--no-preflight", env_home=dtrain_home, ec2=ec2)  # nothing new
+    dtrain("up", cfg, "--no-check", env_home=dtrain_home, ec2=ec2)  # nothing new
     assert ec2.states("defects") == ["running", "running"]
     listing = dtrain("clusters", "--refresh", env_home=dtrain_home, ec2=ec2).stdout
     assert "defects" in listing and " up " in listing and "ec2" in listing, listing
@@ -76,7 +76,7 @@ def test_up_twice_then_down_leaves_nothing(ec2, dtrain_home, tmp_path):
 
 def test_leaked_instances_are_listed_and_removed(ec2, dtrain_home, tmp_path):
     cfg = write_cloud_yaml(tmp_path, ec2, "kept")
-    dtrain("up", cfg, "--no-preflight", env_home=dtrain_home, ec2=ec2)
+    dtrain("up", cfg, "--no-check", env_home=dtrain_home, ec2=ec2)
     # An instance with dtrain's tags that no record here knows (a lost laptop's cluster).
     ec2.client().run_instances(ImageId=IMAGE, MinCount=1, MaxCount=1, TagSpecifications=[
         {"ResourceType": "instance", "Tags": [{"Key": "dtrain:cluster", "Value": "orphan"}]}])

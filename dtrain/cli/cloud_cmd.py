@@ -14,10 +14,11 @@ import typer
 
 def up(
     cluster: Path = typer.Argument(..., help="cluster.yaml with a cloud: section."),
-    no_preflight: bool = typer.Option(False, "--no-preflight", help="Do not run the preflight checks."),
+    no_check: bool = typer.Option(False, "--no-check",
+                                  help="Return once the instances run: no wait for SSH, no preflight."),
     port: int = typer.Option(29500, "--port", help="The master port the preflight checks."),
 ) -> None:
-    """Rent the cluster a cloud: section describes (only the missing instances), wait, preflight.
+    """Rent the cluster a cloud: section describes (only the missing instances), wait for SSH, preflight.
 
     A second `dtrain up` of the same file continues (or confirms) the first; it never
     starts a second set."""
@@ -26,7 +27,7 @@ def up(
     from dtrain.cluster.preflight import run_preflight
     from dtrain.cluster.providers import make_provider
     from dtrain.cluster.providers.config import read_cloud_file
-    from dtrain.cluster.providers.lifecycle import node_list
+    from dtrain.cluster.providers.lifecycle import node_list, wait_ssh
     from dtrain.cluster.providers.lifecycle import up as bring_up
     from dtrain.cluster.providers.records import ClusterRecords
     from dtrain.cluster.runner import job_runners, with_addresses
@@ -42,8 +43,9 @@ def up(
     for node, inst in zip(nodes.nodes, instances):
         typer.echo(f"{node.name}  {inst.id}  {inst.zone}  {inst.instance_type}{' spot' if inst.spot else ''}  "
                    f"{node.host}")
-    if no_preflight:
+    if no_check:
         return
+    wait_ssh(spec, instances, provider)
     nodes = with_addresses(nodes, job_runners(nodes))
     report = run_preflight(nodes, master_port=port, timeout=60.0, out=Console())
     if not report.ok:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from dtrain.cluster.providers import make_provider
-from dtrain.cluster.providers.base import Instance, Provider
+from dtrain.cluster.providers.base import Instance, Provider, ProviderError
 from dtrain.cluster.providers.config import CloudSpec, cluster_spec, read_cloud_file
 from dtrain.cluster.providers.records import LIVE_STATES, ClusterRecords, ClusterRow
 from dtrain.errors import ConfigError, DtrainError
@@ -85,6 +85,27 @@ def account_providers(records: ClusterRecords, extra: tuple[CloudSpec, ...] = ()
     return [make_provider(s, **deps) for s in seen.values()]
 
 
+def wait_ssh(spec: CloudSpec, instances: list[Instance], provider: Provider, port: int = 22) -> None:
+    """Until every instance accepts TCP connections on its SSH port: an instance the cloud
+    calls running may still be booting. Bounded by `spec.wait_timeout`."""
+    import socket
+    import time
+
+    address: Callable[[Instance], str] = provider.address  # type: ignore[attr-defined]
+    deadline = time.monotonic() + spec.wait_timeout
+    for inst in instances:
+        while True:
+            try:
+                with socket.create_connection((address(inst), port), timeout=2):
+                    break
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise ProviderError(f"{inst.id} ({address(inst)}) does not answer on port {port}: {exc}",
+                                        "check the security group allows SSH from here, and the key pair"
+                                        ) from None
+                time.sleep(1.0)
+
+
 def node_list(spec: CloudSpec, rest: dict[str, Any], instances: list[Instance], provider: Provider):
     """The ClusterSpec of the rented nodes: `<name>-0` (the master), `<name>-1`, ..."""
     address: Callable[[Instance], str] = provider.address  # type: ignore[attr-defined]
@@ -114,6 +135,7 @@ def rented_cluster(cluster_file: str | Path | None, *, release: bool, echo: Echo
     provider = make_provider(spec, echo=echo, **deps)
     try:
         instances = up(spec, records, provider, echo)
+        wait_ssh(spec, instances, provider)
         echo(f"{spec.name}: {len(instances)} x {spec.instance_type} up in "
              f"{', '.join(sorted({i.zone for i in instances}))}")
         yield node_list(spec, rest, instances, provider)
