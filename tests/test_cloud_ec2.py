@@ -74,6 +74,19 @@ def test_up_twice_then_down_leaves_nothing(ec2, dtrain_home, tmp_path):
     assert " down " in dtrain("clusters", env_home=dtrain_home, ec2=ec2).stdout
 
 
+def test_down_and_run_refuse_what_they_cannot_do(ec2, dtrain_home, tmp_path):
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("nodes: [local]\n")
+    refused = dtrain("run", str(plain), "--down", "--", "true", env_home=dtrain_home, ec2=ec2, check=False)
+    assert refused.returncode == 3 and "no cluster file with a cloud: section" in refused.stderr, refused.stderr
+    cfg = write_cloud_yaml(tmp_path, ec2, "never")
+    both = dtrain("run", cfg, "--down", "--detach", "--", "true", env_home=dtrain_home, ec2=ec2, check=False)
+    assert both.returncode == 3 and "--detach" in both.stderr, both.stderr
+    unknown = dtrain("down", "nosuch", env_home=dtrain_home, ec2=ec2, check=False)
+    assert unknown.returncode == 3 and "dtrain clusters" in unknown.stderr, unknown.stderr
+    assert ec2.states("never") == []
+
+
 def test_leaked_instances_are_listed_and_removed(ec2, dtrain_home, tmp_path):
     cfg = write_cloud_yaml(tmp_path, ec2, "kept")
     dtrain("up", cfg, "--no-check", env_home=dtrain_home, ec2=ec2)

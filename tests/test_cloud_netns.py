@@ -99,14 +99,21 @@ cloud:
         plane.close()
 
 
-def test_run_down_rents_trains_and_releases(rented, ec2, dtrain_home):
-    path, plane = rented
+@pytest.fixture
+def dtrain(ec2, dtrain_home):
+    """`dtrain ARGS` as a subprocess talking to the moto server, with this test's home."""
     env = dict(os.environ, DTRAIN_HOME=str(dtrain_home), **ec2.env())
 
-    def dtrain(*args: str) -> subprocess.CompletedProcess[str]:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "dtrain", *args], capture_output=True, text=True, env=env,
                               cwd=REPO, timeout=400)
 
+    return run
+
+
+@pytest.mark.slow  # two rents of 2 instances, two 2-node DDP runs: ~80 s on the loaded 2-core machine
+def test_run_down_rents_trains_and_releases(rented, ec2, dtrain):
+    path, plane = rented
     t0 = time.time()
     run = dtrain("run", str(path), "--down", "--nproc-per-node", "1", "--port", str(free_port()),
                  "--", "python", str(SCRIPTS / "plain_ddp.py"), "--epochs", "1")
@@ -128,3 +135,16 @@ def test_run_down_rents_trains_and_releases(rented, ec2, dtrain_home):
     assert len(plane.booted) == 4
     assert ec2.states("e2e") == ["terminated"] * 4
     assert "0 leaked" in dtrain("clusters", "--leaked").stdout
+
+
+@pytest.mark.slow  # a rent, a preflight, a 2-node DDP run: ~50 s on the loaded 2-core machine
+def test_up_checks_the_nodes_and_run_reuses_them(rented, ec2, dtrain):
+    path, plane = rented
+    up = dtrain("up", str(path))  # waits for SSH, then preflight over it
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "e2e-0" in up.stdout and "e2e-1" in up.stdout and "root@" in up.stdout, up.stdout
+    run = dtrain("run", str(path), "--down", "--nproc-per-node", "1", "--port", str(free_port()),
+                 "--", "python", str(SCRIPTS / "plain_ddp.py"), "--epochs", "1")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert len(plane.booted) == 2  # the run used the instances `up` rented
+    assert ec2.states("e2e") == ["terminated", "terminated"]
