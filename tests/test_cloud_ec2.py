@@ -214,3 +214,15 @@ def test_cloud_file_is_checked_before_anything_is_rented(tmp_path, text, says):
     path.write_text(text + "\n")
     with pytest.raises(ConfigError, match=says):
         read_cloud_file(path)
+
+
+def test_the_readme_cloud_yaml_is_valid(tmp_path):
+    from tests.conftest import REPO
+
+    text = (REPO / "README.md").read_text().split("```yaml\n# cloud.yaml: 2 x one A10G")[1].split("```")[0]
+    text = text.split("\n", 1)[1]  # past the comment line
+    path = tmp_path / "cloud.yaml"
+    path.write_text(text)
+    spec, rest = read_cloud_file(path)
+    assert spec.instance_type == "g5.xlarge" and spec.spot and spec.provider == "ec2"
+    assert rest["defaults"]["python"] == "/opt/pytorch/bin/python"
