@@ -13,7 +13,7 @@ from dtrain.cluster.providers.base import CapacityError, Instance, ProviderError
 from dtrain.cluster.providers.config import CloudSpec, read_cloud_file
 from dtrain.cluster.providers.lifecycle import leaked, up
 from dtrain.cluster.providers.records import ClusterRecords
-from dtrain.errors import ConfigError
+from dtrain.errors import ConfigError, DtrainError
 from tests.ec2 import IMAGE, REGION
 
 
@@ -106,13 +106,24 @@ def test_second_up_after_a_crash_mid_creation_makes_no_duplicates(ec2, dtrain_ho
     records = ClusterRecords()
     # The crash: the record is written and one instance requested, then the process died.
     token = records.begin(cloud.name, cloud.provider, cloud.model_dump())
-    early = provider(ec2, cloud).create(cloud.name, token, 1)
+    early = provider(ec2, cloud.model_copy(update={"zones": ["us-east-1b"]})).create(cloud.name, token, 1)
     made = up(cloud, records, provider(ec2, cloud))
     assert len(made) == 3 and early[0].id in {i.id for i in made}
     again = up(cloud, records, provider(ec2, cloud))
     assert {i.id for i in again} == {i.id for i in made}
     assert ec2.states("crashy") == ["running"] * 3
-    assert {i.zone for i in made} == {early[0].zone}  # finished in the zone it started in
+    assert {i.zone for i in made} == {"us-east-1b"}  # finished in the zone it started in, not the first
+
+
+def test_one_up_at_a_time_and_a_missing_image_rents_nothing(ec2, dtrain_home):
+    cloud = spec(ec2, "locked", count=1)
+    records = ClusterRecords()
+    with records.creating("locked"), pytest.raises(DtrainError, match="right now"):
+        up(cloud, records, provider(ec2, cloud))
+    bad = cloud.model_copy(update={"image": "ami-00000000deadbeef"})
+    with pytest.raises(ProviderError, match="not available in us-east-1"):
+        up(bad, records, provider(ec2, bad))
+    assert ec2.states("locked") == []
 
 
 def test_a_zone_without_capacity_moves_on_to_the_next(ec2, dtrain_home):

@@ -98,7 +98,7 @@ class Ec2Provider(Provider):
             # The same token for the same step of the same record: a retried request that
             # EC2 already served returns the first answer instead of a second set.
             "ClientToken": f"{token}-{zone or 'any'}-{first}",
-            "BlockDeviceMappings": [{"DeviceName": "/dev/sda1", "Ebs": {
+            "BlockDeviceMappings": [{"DeviceName": self._root_device(), "Ebs": {
                 "VolumeSize": spec.disk_gb, "VolumeType": "gp3", "DeleteOnTermination": True}}],
             "TagSpecifications": [{"ResourceType": "instance", "Tags": [
                 {"Key": TAG_CLUSTER, "Value": cluster}, {"Key": TAG_TOKEN, "Value": token},
@@ -123,6 +123,20 @@ class Ec2Provider(Provider):
             request["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": options}
         reply = self._call("run_instances", **request)
         return [_instance(raw, cluster) for raw in reply["Instances"]]
+
+    def _root_device(self) -> str:
+        """The image's root device: `disk_gb` resizes it (another name would add a
+        second, unused volume: Ubuntu images say /dev/sda1, Amazon Linux /dev/xvda)."""
+        try:
+            images = self._call("describe_images", ImageIds=[self.spec.image])["Images"]
+        except _ClientError as exc:
+            images, why = [], f"{_code(exc)}: {_message(exc)}"
+        else:
+            why = "no such image"
+        if not images:
+            raise ProviderError(f"image {self.spec.image} is not available in {self.spec.region} ({why})",
+                                "images are per region: look up the id for this region (README 'Rent a cluster')")
+        return str(images[0].get("RootDeviceName", "/dev/sda1"))
 
     def wait(self, cluster: str, count: int, timeout: float) -> list[Instance]:
         deadline = time.monotonic() + timeout
@@ -165,18 +179,15 @@ class Ec2Provider(Provider):
                 return sorted(found, key=lambda i: (i.launched_at, i.id))
 
     def terminate(self, ids: list[str], timeout: float) -> None:
-        if not ids:
-            return
-        try:
-            self._call("terminate_instances", InstanceIds=ids)
-        except _ClientError as exc:
-            if _code(exc) not in GONE_CODES:
-                raise ProviderError(f"EC2 refused to terminate {', '.join(ids)}: {_code(exc)}: {_message(exc)}",
-                                    "terminate them in the console and tell whoever owns the account") from None
-            for one in ids:  # one of them is gone: end the others one by one
-                self.terminate_one(one)
+        for one in ids:  # one call each: an instance already gone must not spare the others
+            try:
+                self._call("terminate_instances", InstanceIds=[one])
+            except _ClientError as exc:
+                if _code(exc) not in GONE_CODES:
+                    raise ProviderError(f"EC2 refused to terminate {one}: {_code(exc)}: {_message(exc)}",
+                                        "terminate it in the console, then `dtrain clusters --refresh`") from None
         deadline = time.monotonic() + timeout
-        while True:
+        while ids:
             left = [i for i in self.query() if i.id in ids and i.state != "terminated"]
             if not left:
                 return
@@ -185,13 +196,6 @@ class Ec2Provider(Provider):
                                     + ", ".join(f"{i.id} ({i.state})" for i in left),
                                     "run `dtrain down` again, or terminate them in the console")
             self._sleep(2.0)
-
-    def terminate_one(self, instance_id: str) -> None:
-        try:
-            self._call("terminate_instances", InstanceIds=[instance_id])
-        except _ClientError as exc:
-            if _code(exc) not in GONE_CODES:
-                raise
 
     def price(self, instance_type: str) -> float | None:
         return self.spec.prices.get(instance_type, PRICES.get(instance_type))

@@ -24,16 +24,17 @@ Echo = Callable[[str], None]
 def up(spec: CloudSpec, records: ClusterRecords, provider: Provider, echo: Echo = print) -> list[Instance]:
     """`spec.count` running instances of `spec.name`, creating only what is missing.
     A failure while creating terminates every instance of the cluster before it is raised."""
-    token = records.begin(spec.name, spec.provider, spec.model_dump())
-    try:
-        provider.create(spec.name, token, spec.count)
-        instances = provider.wait(spec.name, spec.count, spec.wait_timeout)
-    except BaseException:
-        _release_after_failure(spec, records, provider, echo)
-        raise
-    records.reconcile(spec.name, provider.query(spec.name), provider.price)
-    records.set_state(spec.name, "up")
-    return instances
+    with records.creating(spec.name):
+        token = records.begin(spec.name, spec.provider, spec.model_dump())
+        try:
+            provider.create(spec.name, token, spec.count)
+            instances = provider.wait(spec.name, spec.count, spec.wait_timeout)
+        except BaseException:
+            _release_after_failure(spec, records, provider, echo)
+            raise
+        records.reconcile(spec.name, provider.query(spec.name), provider.price)
+        records.set_state(spec.name, "up")
+        return instances
 
 
 def _release_after_failure(spec: CloudSpec, records: ClusterRecords, provider: Provider, echo: Echo) -> None:

@@ -9,15 +9,18 @@ the cost is the sum of lifetime x price. The cloud stays the source of truth:
 
 from __future__ import annotations
 
+import fcntl
 import json
 import sqlite3
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from dtrain.cluster.providers.base import Instance
+from dtrain.errors import DtrainError
 from dtrain.paths import dtrain_home, open_private
 
 LIVE_STATES = ("creating", "up")
@@ -60,6 +63,18 @@ class ClusterRecords:
         db = sqlite3.connect(self.path, timeout=30)
         db.row_factory = sqlite3.Row
         return db
+
+    @contextmanager
+    def creating(self, name: str) -> Iterator[None]:
+        """One `up` of a cluster at a time on this head: two at once would both count
+        the same instances and both start the missing ones."""
+        with open_private(self.path.with_name(f"clusters-{name}.lock"), "a") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise DtrainError(f"another dtrain is bringing {name} up right now",
+                                  "wait for it to finish (`dtrain clusters` shows the state)") from None
+            yield
 
     def begin(self, name: str, provider: str, spec: dict) -> str:
         """The record's token: a live record keeps its own (a second `up` continues it)."""
