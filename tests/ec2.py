@@ -9,6 +9,7 @@ boundary, exactly as botocore raises a refused request, never inside dtrain.
 
 from __future__ import annotations
 
+import subprocess
 import urllib.request
 from dataclasses import dataclass
 from typing import Callable
@@ -57,7 +58,10 @@ def ec2_server(tmp_path_factory) -> Ec2Server:
         yield Ec2Server(endpoint)
     finally:
         proc.terminate()
-        proc.wait(10)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import pytest
 from dtrain.cluster.providers import make_provider
 from dtrain.cluster.providers.base import CapacityError, Instance, ProviderError
 from dtrain.cluster.providers.config import CloudSpec, read_cloud_file
+from dtrain.cluster.providers.ec2 import PRICES
 from dtrain.cluster.providers.lifecycle import leaked, up
 from dtrain.cluster.providers.records import ClusterRecords
 from dtrain.errors import ConfigError, DtrainError
@@ -201,13 +202,26 @@ def test_cost_is_lifetime_times_price(tmp_path):
     records = ClusterRecords(tmp_path / "c.sqlite", clock=lambda: now[0])
     records.begin("c", "ec2", {})
     inst = Instance("i-1", "c", "c", "running", "z", "g5.xlarge", "10.0.0.1", None, 1000.0 - 1800, False)
-    records.reconcile("c", [inst], lambda t: 2.0)
+    records.reconcile("c", [inst], lambda i: 2.0)
     assert records.get("c").cost == pytest.approx(1.0) and records.get("c").nodes == 1
     now[0] += 1800
-    records.reconcile("c", [], lambda t: 2.0)  # the cloud no longer shows it: it ended now
+    records.reconcile("c", [], lambda i: 2.0)  # the cloud no longer shows it: it ended now
     now[0] += 7200  # ended instances cost nothing more
     row = records.get("c")
     assert row.cost == pytest.approx(2.0) and row.node_hours == pytest.approx(1.0) and row.nodes == 0
+
+
+def test_spot_instances_cost_the_spot_price_unless_prices_say_otherwise(ec2, dtrain_home):
+    spot = spec(ec2, "spotty", count=1, spot=True)
+    made = up(spot, ClusterRecords(), provider(ec2, spot))
+    assert made[0].spot
+    expected = float(ec2.client().describe_spot_price_history(
+        InstanceTypes=["g5.xlarge"], AvailabilityZone=made[0].zone, MaxResults=1)["SpotPriceHistory"][0]["SpotPrice"])
+    assert provider(ec2, spot).price(made[0]) == expected != PRICES["g5.xlarge"]
+    fixed = spot.model_copy(update={"prices": {"g5.xlarge": 0.25}})
+    assert provider(ec2, fixed).price(made[0]) == 0.25
+    on_demand = spec(ec2, "steady", count=1)
+    assert provider(ec2, on_demand).price(up(on_demand, ClusterRecords(), provider(ec2, on_demand))[0]) == 1.006
 
 
 _BASE = "name: a, count: 1, region: r, instance_type: t, image: i"

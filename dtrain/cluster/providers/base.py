@@ -82,5 +82,5 @@ class Provider(ABC):
         """Terminate and confirm each is gone; an instance already gone is not an error."""
 
     @abstractmethod
-    def price(self, instance_type: str) -> float | None:
-        """Price per instance-hour in USD, None if unknown."""
+    def price(self, instance: Instance) -> float | None:
+        """This instance's price per hour in USD, None if unknown."""

@@ -33,8 +33,8 @@ THROTTLE_CODES = frozenset({"RequestLimitExceeded", "Throttling", "ThrottlingExc
                             "RequestThrottled", "ServiceUnavailable", "InternalError"})
 GONE_CODES = frozenset({"InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"})
 
-# On-demand USD per hour in us-east-1 (AWS list prices, late 2024). Spot usually costs
-# less: put your spot price in `cloud.prices` to see it in the cost column.
+# On-demand USD per hour in us-east-1 (AWS list prices, late 2024); spot instances are
+# priced from EC2's spot price history instead, and `cloud.prices` overrides both.
 PRICES = {
     "g5.xlarge": 1.006, "g5.2xlarge": 1.212, "g5.4xlarge": 1.624, "g5.12xlarge": 5.672,
     "g5.48xlarge": 16.288, "g6.xlarge": 0.805, "g6.2xlarge": 0.978, "g6.4xlarge": 1.323,
@@ -197,8 +197,24 @@ class Ec2Provider(Provider):
                                     "run `dtrain down` again, or terminate them in the console")
             self._sleep(2.0)
 
-    def price(self, instance_type: str) -> float | None:
-        return self.spec.prices.get(instance_type, PRICES.get(instance_type))
+    def price(self, instance: Instance) -> float | None:
+        """`cloud.prices` if it names the type; for a spot instance, the zone's current
+        spot price (EC2's spot price history, read once when dtrain first sees the
+        instance); else the on-demand list price."""
+        if instance.instance_type in self.spec.prices:
+            return self.spec.prices[instance.instance_type]
+        if instance.spot:
+            try:
+                history = self._call("describe_spot_price_history", InstanceTypes=[instance.instance_type],
+                                     AvailabilityZone=instance.zone, ProductDescriptions=["Linux/UNIX"],
+                                     MaxResults=1)["SpotPriceHistory"]
+            except _ClientError as exc:
+                self._echo(f"no spot price for {instance.instance_type} in {instance.zone} ({_code(exc)}); "
+                           "counting the on-demand price")
+            else:
+                if history:
+                    return float(history[0]["SpotPrice"])
+        return PRICES.get(instance.instance_type)
 
     def _call(self, operation: str, **kwargs: Any) -> dict:
         delay = 1.0

@@ -93,15 +93,16 @@ class ClusterRecords:
         with self._db() as db:
             db.execute("UPDATE clusters SET state = ?, ended_at = ? WHERE name = ?", (state, ended, name))
 
-    def reconcile(self, name: str, seen: list[Instance], price: Callable[[str], float | None]) -> None:
+    def reconcile(self, name: str, seen: list[Instance], price: Callable[[Instance], float | None]) -> None:
         """Rows for every instance the cloud showed; an instance the cloud calls
         terminated, or no longer shows, has ended now (if it had not already)."""
         now = self._clock()
         with self._db() as db:
+            known = {r["id"] for r in db.execute("SELECT id FROM instances WHERE cluster = ?", (name,))}
             for inst in seen:
-                db.execute("INSERT OR IGNORE INTO instances VALUES (?, ?, ?, ?, ?, ?, NULL)",
-                           (inst.id, name, inst.instance_type, inst.zone, price(inst.instance_type),
-                            inst.launched_at))
+                if inst.id not in known:  # priced once, when first seen
+                    db.execute("INSERT INTO instances VALUES (?, ?, ?, ?, ?, ?, NULL)",
+                               (inst.id, name, inst.instance_type, inst.zone, price(inst), inst.launched_at))
             alive = {i.id for i in seen if i.alive}
             for row in db.execute("SELECT id FROM instances WHERE cluster = ? AND ended_at IS NULL", (name,)):
                 if row["id"] not in alive:
