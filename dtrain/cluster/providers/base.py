@@ -82,5 +82,9 @@ class Provider(ABC):
         """Terminate and confirm each is gone; an instance already gone is not an error."""
 
     @abstractmethod
+    def address(self, instance: Instance) -> str:
+        """The address the head and the other nodes reach `instance` at."""
+
+    @abstractmethod
     def price(self, instance: Instance) -> float | None:
         """This instance's price per hour in USD, None if unknown."""

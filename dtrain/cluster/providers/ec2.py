@@ -12,6 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from botocore.exceptions import ClientError as _ClientError  # botocore comes with s3fs
+
 from dtrain.cluster.providers.base import (
     TAG_CLUSTER,
     TAG_TOKEN,
@@ -56,9 +58,10 @@ class Ec2Provider(Provider):
         if self._client is None:
             try:
                 import boto3
-                from botocore.config import Config
             except ImportError:
-                raise ProviderError("the ec2 provider needs boto3", "pip install boto3") from None
+                raise ProviderError("the ec2 provider needs boto3", "pip install 'dtrain[cloud]'") from None
+            from botocore.config import Config
+
             self._client = boto3.client("ec2", region_name=self.spec.region, endpoint_url=self.spec.endpoint_url,
                                         config=Config(retries={"total_max_attempts": 1}))
         return self._client
@@ -159,6 +162,7 @@ class Ec2Provider(Provider):
         return instance.private_ip if self.spec.use_private_ip else instance.public_ip
 
     def address(self, instance: Instance) -> str:
+        """The address this head (and the other nodes) dial: private or public, per the spec."""
         addr = self._address(instance)
         if not addr:
             raise ProviderError(f"instance {instance.id} has no {'private' if self.spec.use_private_ip else 'public'}"
@@ -228,13 +232,6 @@ class Ec2Provider(Provider):
                 self._sleep(delay)
                 delay = min(delay * 2, 30.0)
         raise AssertionError("unreachable")
-
-
-try:
-    from botocore.exceptions import ClientError as _ClientError
-except ImportError:  # the provider reports the missing boto3 when it is used
-    class _ClientError(Exception):  # type: ignore[no-redef]
-        response: dict = {}
 
 
 def _code(exc: Exception) -> str:

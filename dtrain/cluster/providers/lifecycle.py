@@ -92,7 +92,7 @@ def wait_ssh(spec: CloudSpec, instances: list[Instance], provider: Provider, por
     import socket
     import time
 
-    address: Callable[[Instance], str] = provider.address  # type: ignore[attr-defined]
+    address = provider.address
     deadline = time.monotonic() + spec.wait_timeout
     for inst in instances:
         while True:
@@ -109,8 +109,7 @@ def wait_ssh(spec: CloudSpec, instances: list[Instance], provider: Provider, por
 
 def node_list(spec: CloudSpec, rest: dict[str, Any], instances: list[Instance], provider: Provider):
     """The ClusterSpec of the rented nodes: `<name>-0` (the master), `<name>-1`, ..."""
-    address: Callable[[Instance], str] = provider.address  # type: ignore[attr-defined]
-    return cluster_spec(spec, rest, [(f"{spec.name}-{k}", address(i)) for k, i in enumerate(instances)])
+    return cluster_spec(spec, rest, [(f"{spec.name}-{k}", provider.address(i)) for k, i in enumerate(instances)])
 
 
 def cost_line(row: ClusterRow) -> str:
