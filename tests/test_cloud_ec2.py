@@ -83,6 +83,8 @@ def test_down_and_run_refuse_what_they_cannot_do(ec2, dtrain_home, tmp_path):
     cfg = write_cloud_yaml(tmp_path, ec2, "never")
     both = dtrain("run", cfg, "--down", "--detach", "--", "true", env_home=dtrain_home, ec2=ec2, check=False)
     assert both.returncode == 3 and "--detach" in both.stderr, both.stderr
+    dry = dtrain("run", cfg, "--dry-run", "--", "true", env_home=dtrain_home, ec2=ec2, check=False)
+    assert dry.returncode == 3 and "a dry run rents nothing" in dry.stderr, dry.stderr
     unknown = dtrain("down", "nosuch", env_home=dtrain_home, ec2=ec2, check=False)
     assert unknown.returncode == 3 and "dtrain clusters" in unknown.stderr, unknown.stderr
     assert ec2.states("never") == []
@@ -164,6 +166,24 @@ def test_a_failure_after_creating_terminates_what_was_created(ec2, dtrain_home):
         up(cloud, records, provider(ec2, cloud, {"DescribeInstances": refuse_once_running}), lambda s: None)
     assert ec2.states("halfway") == ["terminated", "terminated"]
     assert records.get("halfway").state == "failed" and records.get("halfway").nodes == 0
+
+
+def test_a_failed_growth_of_an_up_cluster_spares_its_running_instances(ec2, dtrain_home):
+    small = spec(ec2, "grow", count=1)
+    records = ClusterRecords()
+    first = up(small, records, provider(ec2, small))
+    calls = {"n": 0}
+
+    def refuse_in_wait(params):  # 1: what is up, 2: create's count, 3: the first of wait()
+        calls["n"] += 1
+        return "UnauthorizedOperation" if calls["n"] == 3 else None
+
+    bigger = small.model_copy(update={"count": 2})
+    with pytest.raises(Exception, match="UnauthorizedOperation"):
+        up(bigger, records, provider(ec2, bigger, {"DescribeInstances": refuse_in_wait}), lambda s: None)
+    live = [i for i in provider(ec2, small).query("grow") if i.alive]
+    assert [i.id for i in live] == [first[0].id] and ec2.states("grow") == ["running", "terminated"]
+    assert records.get("grow").state == "up"
 
 
 def test_throttling_is_retried_with_backoff(ec2, dtrain_home):

@@ -143,6 +143,9 @@ def test_up_checks_the_nodes_and_run_reuses_them(rented, ec2, dtrain):
     up = dtrain("up", str(path))  # waits for SSH, then preflight over it
     assert up.returncode == 0, up.stdout + up.stderr
     assert "e2e-0" in up.stdout and "e2e-1" in up.stdout and "root@" in up.stdout, up.stdout
+    dry = dtrain("run", str(path), "--dry-run", "--down", "--", "python", "x.py")  # shows, rents and ends nothing
+    assert dry.returncode == 0 and "e2e-1" in dry.stdout, dry.stdout + dry.stderr
+    assert ec2.states("e2e") == ["running", "running"]
     run = dtrain("run", str(path), "--down", "--nproc-per-node", "1", "--port", str(free_port()),
                  "--", "python", str(SCRIPTS / "plain_ddp.py"), "--epochs", "1")
     assert run.returncode == 0, run.stdout + run.stderr

@@ -71,7 +71,7 @@ def register(app: typer.Typer) -> None:
         if down and detach:
             raise ConfigError("--down and --detach together would release the cluster under the running job",
                               "drop one of them")
-        with rented_cluster(cluster_file, release=down, echo=typer.echo) as rented:
+        with rented_cluster(cluster_file, release=down, dry_run=dry_run, echo=typer.echo) as rented:
             cluster = rented or cluster_from_args(cluster_file, hosts, ssh_config=ssh_config, default_local=True)
             started = start(job, cluster, out=sys.stdout, run_preflight=not no_preflight,
                             dry_run=dry_run, detach=detach)

@@ -23,28 +23,35 @@ Echo = Callable[[str], None]
 
 def up(spec: CloudSpec, records: ClusterRecords, provider: Provider, echo: Echo = print) -> list[Instance]:
     """`spec.count` running instances of `spec.name`, creating only what is missing.
-    A failure while creating terminates every instance of the cluster before it is raised."""
+
+    A failure while creating terminates what this creation started before it is raised:
+    for a cluster that is not up yet, every instance with its tag (a crashed earlier
+    attempt's too); for one that is up, only the new ones (a job may be using the rest)."""
     with records.creating(spec.name):
+        row = records.get(spec.name)
+        keep = {i.id for i in provider.query(spec.name) if i.alive} if row and row.state == "up" else set()
         token = records.begin(spec.name, spec.provider, spec.model_dump())
         try:
             provider.create(spec.name, token, spec.count)
             instances = provider.wait(spec.name, spec.count, spec.wait_timeout)
         except BaseException:
-            _release_after_failure(spec, records, provider, echo)
+            _release_after_failure(spec, records, provider, keep, echo)
             raise
         records.reconcile(spec.name, provider.query(spec.name), provider.price)
         records.set_state(spec.name, "up")
         return instances
 
 
-def _release_after_failure(spec: CloudSpec, records: ClusterRecords, provider: Provider, echo: Echo) -> None:
+def _release_after_failure(spec: CloudSpec, records: ClusterRecords, provider: Provider, keep: set[str],
+                           echo: Echo) -> None:
     try:
-        made = [i.id for i in provider.query(spec.name) if i.alive]
+        made = [i.id for i in provider.query(spec.name) if i.alive and i.id not in keep]
         if made:
             echo(f"creating {spec.name} failed; terminating the {len(made)} instance(s) it started")
         provider.terminate(made, spec.wait_timeout)
         records.reconcile(spec.name, provider.query(spec.name), provider.price)
-        records.set_state(spec.name, "failed")
+        if not keep:
+            records.set_state(spec.name, "failed")
     except Exception as exc:  # the original error is the one to raise; this one must be seen too
         echo(f"could not release {spec.name} after the failure ({exc}); run `dtrain down {spec.name}`")
 
@@ -118,11 +125,12 @@ def cost_line(row: ClusterRow) -> str:
 
 
 @contextmanager
-def rented_cluster(cluster_file: str | Path | None, *, release: bool, echo: Echo = print,
+def rented_cluster(cluster_file: str | Path | None, *, release: bool, dry_run: bool = False, echo: Echo = print,
                    records: ClusterRecords | None = None, **deps: Any) -> Iterator[Any]:
     """For `dtrain run`: the rented cluster's ClusterSpec when the file has a `cloud:`
     section (brought up if needed), else None. With `release`, the cluster is
-    terminated when the block ends, however it ends."""
+    terminated when the block ends, however it ends. A dry run rents and releases
+    nothing: it shows the cluster only if it is up."""
     cloud = read_cloud_file(cluster_file) if cluster_file else None
     if cloud is None:
         if release:
@@ -133,6 +141,13 @@ def rented_cluster(cluster_file: str | Path | None, *, release: bool, echo: Echo
     spec, rest = cloud
     records = records or ClusterRecords()
     provider = make_provider(spec, echo=echo, **deps)
+    if dry_run:
+        running = [i for i in provider.query(spec.name) if i.state == "running"]
+        if len(running) != spec.count:
+            raise ConfigError(f"{spec.name} is not up ({len(running)} of {spec.count} instances running), "
+                              "and a dry run rents nothing", f"`dtrain up {cluster_file}` first")
+        yield node_list(spec, rest, running, provider)
+        return
     try:
         instances = up(spec, records, provider, echo)
         wait_ssh(spec, instances, provider)
