@@ -12,7 +12,7 @@ from dtrain.cluster.providers import make_provider
 from dtrain.cluster.providers.base import CapacityError, Instance, ProviderError
 from dtrain.cluster.providers.config import CloudSpec, read_cloud_file
 from dtrain.cluster.providers.ec2 import PRICES
-from dtrain.cluster.providers.lifecycle import leaked, up
+from dtrain.cluster.providers.lifecycle import leaked, refresh, up
 from dtrain.cluster.providers.records import ClusterRecords
 from dtrain.errors import ConfigError, DtrainError
 from tests.ec2 import IMAGE, REGION
@@ -184,6 +184,19 @@ def test_a_failed_growth_of_an_up_cluster_spares_its_running_instances(ec2, dtra
     live = [i for i in provider(ec2, small).query("grow") if i.alive]
     assert [i.id for i in live] == [first[0].id] and ec2.states("grow") == ["running", "terminated"]
     assert records.get("grow").state == "up"
+
+
+def test_an_instance_ended_from_the_console_is_replaced_by_up_and_seen_by_refresh(ec2, dtrain_home):
+    cloud = spec(ec2, "console")
+    records = ClusterRecords()
+    first = up(cloud, records, provider(ec2, cloud))
+    ec2.client().terminate_instances(InstanceIds=[first[1].id])
+    refresh(records, records.get("console"), provider(ec2, cloud))
+    assert records.get("console").nodes == 1 and records.get("console").state == "up"
+    again = up(cloud, records, provider(ec2, cloud))
+    assert first[0].id in {i.id for i in again} and first[1].id not in {i.id for i in again} and len(again) == 2
+    assert ec2.states("console") == ["running", "running", "terminated"]
+    assert records.get("console").nodes == 2
 
 
 def test_throttling_is_retried_with_backoff(ec2, dtrain_home):

@@ -33,6 +33,7 @@ CAPACITY_CODES = frozenset({
 })
 THROTTLE_CODES = frozenset({"RequestLimitExceeded", "Throttling", "ThrottlingException",
                             "RequestThrottled", "ServiceUnavailable", "InternalError"})
+USABLE = ("pending", "running")
 GONE_CODES = frozenset({"InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"})
 
 # On-demand USD per hour in us-east-1 (AWS list prices, late 2024); spot instances are
@@ -67,7 +68,13 @@ class Ec2Provider(Provider):
         return self._client
 
     def create(self, cluster: str, token: str, count: int) -> list[Instance]:
-        have = [i for i in self.query(cluster) if i.alive]
+        seen = self.query(cluster)
+        stopped = [i for i in seen if i.state in ("stopping", "stopped")]
+        if stopped:
+            raise ProviderError(f"instance {stopped[0].id} of {cluster} is {stopped[0].state}",
+                                f"start it again in the console, or `dtrain down {cluster}` and bring it up again")
+        # An instance on its way out (a console terminate, a spot reclaim) is replaced.
+        have = [i for i in seen if i.state in USABLE]
         if len(have) > count:
             raise ProviderError(f"cluster {cluster} has {len(have)} live instances, more than the {count} asked for",
                                 f"`dtrain down {cluster}` and bring it up again")
@@ -144,13 +151,11 @@ class Ec2Provider(Provider):
     def wait(self, cluster: str, count: int, timeout: float) -> list[Instance]:
         deadline = time.monotonic() + timeout
         while True:
-            live = [i for i in self.query(cluster) if i.alive]
-            lost = [i for i in live if i.state in ("stopping", "stopped", "shutting-down")]
-            if lost:
-                raise ProviderError(f"instance {lost[0].id} of {cluster} is {lost[0].state} while starting "
-                                    "(a spot reclaim, or stopped from the console)",
-                                    f"`dtrain down {cluster}`, then `dtrain up` again")
-            ready = [i for i in live if i.state == "running" and self._address(i)]
+            usable = [i for i in self.query(cluster) if i.state in USABLE]
+            if len(usable) < count:
+                raise ProviderError(f"{count - len(usable)} instance(s) of {cluster} went away while starting "
+                                    "(a spot reclaim, or ended from the console)", "run `dtrain up` again")
+            ready = [i for i in usable if i.state == "running" and self._address(i)]
             if len(ready) >= count:
                 return ready
             if time.monotonic() > deadline:
