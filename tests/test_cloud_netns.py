@@ -91,6 +91,7 @@ cloud:
   ssh_user: root
   endpoint_url: {ec2.endpoint}
   prices: {{g5.xlarge: 1.0}}
+  wait_timeout: 120
 """)
     plane = DataPlane(netns_cluster, ec2, "e2e")
     try:
