@@ -90,6 +90,25 @@ def test_down_and_run_refuse_what_they_cannot_do(ec2, dtrain_home, tmp_path):
     assert ec2.states("never") == []
 
 
+def test_sigterm_while_waiting_for_ssh_releases_the_cluster(ec2, dtrain_home, tmp_path):
+    import os
+    import signal
+    import time
+
+    cfg = write_cloud_yaml(tmp_path, ec2, "sigterm")  # no data plane: SSH never answers
+    env = dict(os.environ, DTRAIN_HOME=str(dtrain_home), **ec2.env())
+    proc = subprocess.Popen([sys.executable, "-m", "dtrain", "run", cfg, "--down", "--", "true"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while ec2.states("sigterm") != ["running", "running"]:
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[0]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130 and "releasing sigterm" in out, out
+    assert ec2.states("sigterm") == ["terminated", "terminated"]
+
+
 def test_leaked_instances_are_listed_and_removed(ec2, dtrain_home, tmp_path):
     cfg = write_cloud_yaml(tmp_path, ec2, "kept")
     dtrain("up", cfg, "--no-check", env_home=dtrain_home, ec2=ec2)

@@ -27,7 +27,7 @@ def up(
     from dtrain.cluster.preflight import run_preflight
     from dtrain.cluster.providers import make_provider
     from dtrain.cluster.providers.config import read_cloud_file
-    from dtrain.cluster.providers.lifecycle import node_list, wait_ssh
+    from dtrain.cluster.providers.lifecycle import node_list, signals_unwind, wait_ssh
     from dtrain.cluster.providers.lifecycle import up as bring_up
     from dtrain.cluster.providers.records import ClusterRecords
     from dtrain.cluster.runner import job_runners, with_addresses
@@ -38,7 +38,8 @@ def up(
         raise ConfigError(f"{cluster} has no cloud: section", "`dtrain up` rents clusters; see README 'Rent a cluster'")
     spec, rest = cloud
     provider = make_provider(spec, echo=typer.echo)
-    instances = bring_up(spec, ClusterRecords(), provider, typer.echo)
+    with signals_unwind():  # a SIGTERM while creating terminates what was started
+        instances = bring_up(spec, ClusterRecords(), provider, typer.echo)
     nodes = node_list(spec, rest, instances, provider)
     for node, inst in zip(nodes.nodes, instances):
         typer.echo(f"{node.name}  {inst.id}  {inst.zone}  {inst.instance_type}{' spot' if inst.spot else ''}  "

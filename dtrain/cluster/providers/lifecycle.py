@@ -119,6 +119,28 @@ def node_list(spec: CloudSpec, rest: dict[str, Any], instances: list[Instance], 
     return cluster_spec(spec, rest, [(f"{spec.name}-{k}", provider.address(i)) for k, i in enumerate(instances)])
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP while rented instances are being created or used."""
+
+
+@contextmanager
+def signals_unwind() -> Iterator[None]:
+    """SIGTERM/SIGHUP raise `Terminated` here, so the `finally` and `except` blocks that
+    release instances run instead of the process dying with them still running. (A job's
+    supervisor installs its own handlers while it runs, and restores these.)"""
+    import signal
+
+    def _raise(signum: int, frame: Any) -> None:
+        raise Terminated(signal.Signals(signum).name)
+
+    old = {sig: signal.signal(sig, _raise) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
 def cost_line(row: ClusterRow) -> str:
     cost = "cost unknown (set cloud.prices)" if row.cost is None else f"${row.cost:.4f}"
     return f"{row.name}: {row.node_hours:.4f} node-hours, {cost}"
@@ -149,11 +171,12 @@ def rented_cluster(cluster_file: str | Path | None, *, release: bool, dry_run: b
         yield node_list(spec, rest, running, provider)
         return
     try:
-        instances = up(spec, records, provider, echo)
-        wait_ssh(spec, instances, provider)
-        echo(f"{spec.name}: {len(instances)} x {spec.instance_type} up in "
-             f"{', '.join(sorted({i.zone for i in instances}))}")
-        yield node_list(spec, rest, instances, provider)
+        with signals_unwind():
+            instances = up(spec, records, provider, echo)
+            wait_ssh(spec, instances, provider)
+            echo(f"{spec.name}: {len(instances)} x {spec.instance_type} up in "
+                 f"{', '.join(sorted({i.zone for i in instances}))}")
+            yield node_list(spec, rest, instances, provider)
     finally:
         if release:
             try:
