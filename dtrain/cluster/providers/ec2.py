@@ -113,8 +113,6 @@ class Ec2Provider(Provider):
             "TagSpecifications": [{"ResourceType": "instance", "Tags": [
                 {"Key": TAG_CLUSTER, "Value": cluster}, {"Key": TAG_TOKEN, "Value": token},
                 {"Key": "Name", "Value": cluster}]}],
-            # A node that powers itself off is terminated, never left stopped (and billed for disk).
-            "InstanceInitiatedShutdownBehavior": "terminate",
         }
         if spec.key_name:
             request["KeyName"] = spec.key_name
@@ -126,7 +124,11 @@ class Ec2Provider(Provider):
             request["Placement"] = {"AvailabilityZone": zone}
         elif len(spec.subnet_ids) == 1:
             request["SubnetId"] = next(iter(spec.subnet_ids.values()))
-        if spec.spot:
+        if not spec.spot:
+            # A node that powers itself off is terminated, never left stopped (and billed for
+            # its disk). A one-time spot instance cannot be stopped: it ends on shutdown anyway.
+            request["InstanceInitiatedShutdownBehavior"] = "terminate"
+        else:
             options: dict[str, Any] = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
             if spec.max_price is not None:
                 options["MaxPrice"] = f"{spec.max_price:.4f}"
