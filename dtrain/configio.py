@@ -37,21 +37,27 @@ def load_config(
     data: dict[str, Any] = dict(base or {})
     source = "defaults"
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}", "check the path, or omit it to use the defaults")
-        try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path} is not valid YAML: {exc}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path} must hold a mapping of keys to values, not {type(loaded).__name__}")
-        data = _deep_merge(data, loaded)
+        data = _deep_merge(data, read_mapping(path))
         source = str(path)
     for item in overrides:
         key, value = parse_override(item)
         _set_dotted(data, key, value)
     return validate(model, data, source)
+
+
+def read_mapping(path: str | Path) -> dict[str, Any]:
+    """The YAML mapping in the file at `path` (a missing file, bad YAML or a non-mapping
+    is a ConfigError)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}", "check the path, or omit it to use the defaults")
+    try:
+        loaded = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path} must hold a mapping of keys to values, not {type(loaded).__name__}")
+    return loaded
 
 
 def validate(model: type[M], data: dict[str, Any], source: str = "config") -> M:

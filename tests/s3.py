@@ -60,27 +60,33 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_moto(tmp: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    """moto's server on a free loopback port, answering; (process, endpoint)."""
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    log = tmp / "moto.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                env=env or None, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2).read()
+            return proc, endpoint
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"moto server did not start: {log.read_text()[-2000:]}") from None
+            time.sleep(0.1)
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory) -> S3Server:
     import boto3
 
-    port = _free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    log = Path(tmp_path_factory.mktemp("moto")) / "moto.log"
     env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="3")
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                env=env, stdout=out, stderr=subprocess.STDOUT)
+    proc, endpoint = start_moto(tmp_path_factory.mktemp("moto"), env)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=2).read()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto server did not start: {log.read_text()[-2000:]}") from None
-                time.sleep(0.1)
         iam = boto3.client("iam", endpoint_url=endpoint, region_name=REGION,
                            aws_access_key_id="bootstrap", aws_secret_access_key="bootstrap")
         iam.create_user(UserName="dtrain")

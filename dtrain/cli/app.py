@@ -41,6 +41,7 @@ def _root(
 def _register_all() -> None:
     # Order here is the order in `dtrain --help`.
     from dtrain.cli import (
+        cloud_cmd,
         cluster_cmd,
         data_cmd,
         deploy_cmd,
@@ -50,7 +51,7 @@ def _register_all() -> None:
         train_cmd,
     )
 
-    for module in (eval_cmd, train_cmd, data_cmd, storage_cmd, cluster_cmd, monitor_cmd, deploy_cmd):
+    for module in (eval_cmd, train_cmd, data_cmd, storage_cmd, cluster_cmd, cloud_cmd, monitor_cmd, deploy_cmd):
         module.register(app)
 
 

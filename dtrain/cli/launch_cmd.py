@@ -51,8 +51,11 @@ def register(app: typer.Typer) -> None:
         tf_config: bool = typer.Option(False, "--tf-config", help="Also export TF_CONFIG."),
         no_sync: bool = typer.Option(False, "--no-sync", help="Do not copy the working directory."),
         no_monitor: bool = typer.Option(False, "--no-monitor", help="Do not start the node agents."),
+        down: bool = typer.Option(False, "--down", help="Rented cluster: terminate it when the job ends."),
     ) -> None:
+        from dtrain.cluster.providers.lifecycle import rented_cluster
         from dtrain.cluster.spec import cluster_from_args
+        from dtrain.errors import ConfigError
         from dtrain.launch.cli_support import job_from, print_and_exit
         from dtrain.launch.launcher import start
 
@@ -65,9 +68,13 @@ def register(app: typer.Typer) -> None:
             tf_config=tf_config or None, sync="never" if no_sync else None,
             monitor=False if no_monitor else None,
         )
-        cluster = cluster_from_args(cluster_file, hosts, ssh_config=ssh_config, default_local=True)
-        started = start(job, cluster, out=sys.stdout, run_preflight=not no_preflight,
-                        dry_run=dry_run, detach=detach)
+        if down and detach:
+            raise ConfigError("--down and --detach together would release the cluster under the running job",
+                              "drop one of them")
+        with rented_cluster(cluster_file, release=down, dry_run=dry_run, echo=typer.echo) as rented:
+            cluster = rented or cluster_from_args(cluster_file, hosts, ssh_config=ssh_config, default_local=True)
+            started = start(job, cluster, out=sys.stdout, run_preflight=not no_preflight,
+                            dry_run=dry_run, detach=detach)
         print_and_exit(started.exit_status)
 
     @app.command("jobs")
