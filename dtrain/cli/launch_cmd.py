@@ -51,10 +51,13 @@ def register(app: typer.Typer) -> None:
         tf_config: bool = typer.Option(False, "--tf-config", help="Also export TF_CONFIG."),
         no_sync: bool = typer.Option(False, "--no-sync", help="Do not copy the working directory."),
         no_monitor: bool = typer.Option(False, "--no-monitor", help="Do not start the node agents."),
+        slurm_partition: Optional[str] = typer.Option(None, "--slurm-partition", help="Submit to this Slurm partition."),
+        slurm_nodes: Optional[int] = typer.Option(None, "--nodes", help="Slurm nodes to allocate."),
     ) -> None:
         from dtrain.cluster.spec import cluster_from_args
         from dtrain.launch.cli_support import job_from, print_and_exit
         from dtrain.launch.launcher import start
+        from dtrain.launch.slurm import slurm_from_args
 
         words = list(ctx.args)
         cluster_file = words.pop(0) if words and words[0].endswith((".yaml", ".yml")) else None
@@ -65,6 +68,12 @@ def register(app: typer.Typer) -> None:
             tf_config=tf_config or None, sync="never" if no_sync else None,
             monitor=False if no_monitor else None,
         )
+        slurm = slurm_from_args(cluster_file, hosts, slurm_partition, slurm_nodes)
+        if slurm is not None:
+            from dtrain.launch.slurm_job import submit
+
+            print_and_exit(submit(job, slurm, out=sys.stdout, dry_run=dry_run, detach=detach).exit_status)
+            return
         cluster = cluster_from_args(cluster_file, hosts, ssh_config=ssh_config, default_local=True)
         started = start(job, cluster, out=sys.stdout, run_preflight=not no_preflight,
                         dry_run=dry_run, detach=detach)

@@ -1,0 +1,83 @@
+"""Issue 14 on a real Slurm cluster (tests/slurm.py): slurmctld on the head, one slurmd
+per namespace host, every host seeing this repository and virtualenv at the same paths."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import pytest
+
+from launch_helpers import REPO, SCRIPTS, dtrain, job_id_of, wait_gone
+
+pytestmark = [pytest.mark.netns, pytest.mark.slow]
+PLAIN = str(SCRIPTS / "plain_ddp.py")
+
+
+def cluster_file(slurm_cluster, tmp_path, *, nodes: int = 2, extra: str = "") -> str:
+    path = tmp_path / "slurm.yaml"
+    path.write_text(
+        "scheduler: slurm\n"
+        f"slurm: {{partition: {slurm_cluster.partition}, nodes: {nodes}, time: '5:00'{extra}}}\n"
+        f"defaults: {{python: {sys.executable}, workdir: {REPO}}}\n"
+    )
+    return str(path)
+
+
+def status(slurm_cluster, job_id: str) -> dict:
+    res = dtrain("status", job_id, "--json", env=slurm_cluster.env())
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_plain_torchrun_script_on_a_two_node_allocation(slurm_cluster, dtrain_home, tmp_path):
+    res = dtrain("run", cluster_file(slurm_cluster, tmp_path), "--nproc-per-node", "2", "--",
+                 "python", PLAIN, "--epochs", "1", env=slurm_cluster.env(), timeout=150)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    for prefix in ("[h1:r0]", "[h1:r1]", "[h2:r2]", "[h2:r3]"):
+        assert prefix in out, out
+    assert "[h1:r0] done world=4" in out, out
+    assert "@@dtrain@@" not in out
+    job_id = job_id_of(out)
+    rec = status(slurm_cluster, job_id)
+    assert rec["state"] == "succeeded" and rec["world_size"] == 4 and rec["nodes"] == ["h1", "h2"], rec
+    assert rec["extra"]["slurm_job_id"].isdigit()
+    assert not wait_gone(job_id)
+
+
+def test_stop_cancels_a_queued_and_a_running_job(slurm_cluster, dtrain_home, tmp_path):
+    queued = dtrain("run", cluster_file(slurm_cluster, tmp_path, extra=", extra: ['--begin=now+1hour']"),
+                    "--detach", "--", "python", PLAIN, env=slurm_cluster.env(), timeout=60)
+    assert queued.returncode == 0, queued.stdout + queued.stderr
+    running = dtrain("run", cluster_file(slurm_cluster, tmp_path), "--nproc-per-node", "1", "--detach", "--",
+                     "python", PLAIN, "--epochs", "100", "--sleep", "0.2", env=slurm_cluster.env(), timeout=60)
+    assert running.returncode == 0, running.stdout + running.stderr
+    queued_id, running_id = job_id_of(queued.stdout), job_id_of(running.stdout)
+    assert status(slurm_cluster, queued_id)["state"] == "pending"
+    deadline = time.monotonic() + 90
+    while "epoch 0" not in (log := dtrain("logs", running_id, env=slurm_cluster.env()).stdout):
+        assert time.monotonic() < deadline, log
+        time.sleep(1)
+    assert status(slurm_cluster, running_id)["state"] == "running"
+    for job_id in (queued_id, running_id):
+        res = dtrain("stop", job_id, env=slurm_cluster.env(), timeout=90)
+        assert res.returncode == 0, res.stdout + res.stderr
+        rec = status(slurm_cluster, job_id)
+        assert rec["state"] == "stopped", rec
+        slurm_id = rec["extra"]["slurm_job_id"]
+        shown = slurm_cluster.cmd("scontrol", "show", "job", "-o", slurm_id).stdout
+        assert "JobState=CANCELLED" in shown, shown
+    assert not wait_gone(running_id)
+
+
+def test_a_partition_typo_is_refused_before_submission(slurm_cluster, dtrain_home):
+    res = dtrain("run", "--slurm-partition", "debgu", "--nodes", "2", "--", "python", PLAIN,
+                 env=slurm_cluster.env(), timeout=60)
+    assert res.returncode != 0
+    assert "no partition 'debgu'" in res.stderr and "did you mean 'debug'" in res.stderr, res.stderr
+    too_many = dtrain("run", "--slurm-partition", "debug", "--nodes", "9", "--", "python", PLAIN,
+                      env=slurm_cluster.env(), timeout=60)
+    assert too_many.returncode != 0 and "has 3 node(s), the job asks for 9" in too_many.stderr, too_many.stderr
+    assert dtrain("jobs", "--json", env=slurm_cluster.env()).stdout.strip() == "[]"
