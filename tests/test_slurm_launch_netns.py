@@ -81,3 +81,20 @@ def test_a_partition_typo_is_refused_before_submission(slurm_cluster, dtrain_hom
                       env=slurm_cluster.env(), timeout=60)
     assert too_many.returncode != 0 and "has 3 node(s), the job asks for 9" in too_many.stderr, too_many.stderr
     assert dtrain("jobs", "--json", env=slurm_cluster.env()).stdout.strip() == "[]"
+
+
+def test_a_failing_task_fails_the_job_and_names_its_node(slurm_cluster, dtrain_home, tmp_path):
+    t0 = time.monotonic()
+    res = dtrain("run", cluster_file(slurm_cluster, tmp_path), "--nproc-per-node", "2", "--", "python", PLAIN,
+                 "--epochs", "50", "--sleep", "0.1", "--fail-rank", "3", "--fail-step", "3",
+                 env=slurm_cluster.env(), timeout=150)
+    assert res.returncode == 5, res.stdout + res.stderr  # ExitStatus.JOB_FAILED
+    assert "planned failure on rank 3" in res.stdout
+    job_id = job_id_of(res.stdout)
+    rec = status(slurm_cluster, job_id)
+    assert rec["state"] == "failed" and "first failure on h2" in rec["reason"], rec
+    assert "failed" in res.stderr and "h2" in res.stderr, res.stderr
+    shown = slurm_cluster.cmd("scontrol", "show", "job", "-o", rec["extra"]["slurm_job_id"]).stdout
+    assert "JobState=FAILED" in shown, shown
+    assert time.monotonic() - t0 < 120
+    assert not wait_gone(job_id)

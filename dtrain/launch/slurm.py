@@ -148,17 +148,18 @@ def batch_script(job: JobSpec, cluster: SlurmCluster, job_id: str, *, workdir: s
     spec, python = cluster.slurm, cluster.defaults.python
     env = {**cluster.defaults.env, **job.env}
     scratch = f"/tmp/dtrain-{job_id}-$node"
-    wrapper = [python, "-m", "dtrain.launch.node", "--job", job_id, "--node", '"$node"',
+    wrapper = ['"$0"', "-m", "dtrain.launch.node", "--job", job_id, "--node", '"$node"',
                "--master", '"$DTRAIN_RDZV_HOST"', "--scratch", f'"{scratch}"', "--grace", str(job.grace),
                "--watch-stdin", "no", "--"]
-    torchrun = [python, "-m", "torch.distributed.run", "--nnodes", '"$DTRAIN_NUM_NODES"',
+    torchrun = ['"$0"', "-m", "torch.distributed.run", "--nnodes", '"$DTRAIN_NUM_NODES"',
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f'"$DTRAIN_RDZV_HOST:{job.port}"',
                 "--rdzv-id", job_id, "--rdzv-conf", '"is_host=$is_host"', "--local-addr", '"$node"',
                 "--max-restarts", str(job.max_restarts), "--nproc-per-node", str(nproc_per_node(job, spec)),
                 "--tee", "3", "--log-dir", f'"{scratch}/torchrun"',
-                "--log-line-prefix-template", '"[$node:r\\${rank}] "', *torchrun_target(job.command)]
-    # Runs on every node: Slurm's per-node values ($SLURMD_NODENAME, $SLURM_NODEID) are
-    # expanded there. Words already in double quotes carry those; the rest are quoted.
+                "--log-line-prefix-template", '"[$node:r\\${rank}] "', '"$@"']
+    # Runs on every node, where Slurm's per-node values ($SLURMD_NODENAME, $SLURM_NODEID)
+    # are expanded. The user's words (interpreter, command) come after it as $0 and "$@",
+    # quoted once, so the script itself holds no quoting of quoting.
     per_node = "\n".join([
         'node="$SLURMD_NODENAME"',
         f'export DTRAIN_NODE_RANK="$SLURM_NODEID" DTRAIN_HEARTBEAT_DIR="{scratch}/heartbeat"',
@@ -177,11 +178,14 @@ def batch_script(job: JobSpec, cluster: SlurmCluster, job_id: str, *, workdir: s
     lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items()) if k not in secret]
     # The wrapper's status lines are for an SSH head; under Slurm they are dropped.
     lines += [f"srun --kill-on-bad-exit=1 --wait={SRUN_WAIT} --ntasks-per-node=1 --input=none "
-              f"bash -c {shlex.quote(per_node)} 2>&1 | sed -u '/^{MARK.strip()} /d'"]
+              f"bash -c '{per_node}' \\\n  {shlex.join([python, *torchrun_target(job.command)])} "
+              f"2>&1 | sed -u '/^{MARK.strip()} /d'"]
     return "\n".join(lines) + "\n"
 
 
 def _words(argv: list[str]) -> str:
+    # every word here is dtrain's own: a job id, a number, a flag, or a "$var" expansion
+    assert "'" not in "".join(argv)
     return " ".join(w if w.startswith('"') and w.endswith('"') else shlex.quote(w) for w in argv)
 
 
