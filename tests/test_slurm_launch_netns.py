@@ -4,12 +4,16 @@ per namespace host, every host seeing this repository and virtualenv at the same
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
+
+from pathlib import Path
 
 import pytest
 
 from launch_helpers import REPO, SCRIPTS, dtrain, job_id_of, wait_gone
+from test_launch_netns import assert_nothing_left, kill_workers
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 PLAIN = str(SCRIPTS / "plain_ddp.py")
@@ -98,3 +102,36 @@ def test_a_failing_task_fails_the_job_and_names_its_node(slurm_cluster, dtrain_h
     assert "JobState=FAILED" in shown, shown
     assert time.monotonic() - t0 < 120
     assert not wait_gone(job_id)
+
+
+def test_killing_a_task_on_one_node_ends_the_job_within_30_s(slurm_cluster, dtrain_home, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "dtrain", "run", cluster_file(slurm_cluster, tmp_path),
+                             "--nproc-per-node", "2", "--", "python", PLAIN, "--epochs", "100", "--sleep", "0.2"],
+                            cwd=REPO, env=slurm_cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stdout:  # until training runs on every rank
+        lines.append(line)
+        if "epoch 0 step 2" in line:
+            break
+    assert kill_workers(slurm_cluster.netns, "h2", "plain_ddp.py"), "".join(lines)
+    t0 = time.monotonic()
+    rest, err = proc.communicate(timeout=90)
+    assert proc.returncode == 5 and time.monotonic() - t0 < 30, (proc.returncode, "".join(lines) + rest, err)
+    job_id = job_id_of("".join(lines))
+    rec = status(slurm_cluster, job_id)
+    assert rec["state"] == "failed" and "first failure on h2" in rec["reason"], rec
+    shown = slurm_cluster.cmd("scontrol", "show", "job", "-o", rec["extra"]["slurm_job_id"]).stdout
+    assert "JobState=FAILED" in shown, shown
+    assert_nothing_left(slurm_cluster.netns, job_id)
+
+
+def test_a_job_past_its_time_limit_is_reported_as_timed_out(slurm_cluster, dtrain_home, tmp_path):
+    path = cluster_file(slurm_cluster, tmp_path)
+    Path(path).write_text(Path(path).read_text().replace("time: '5:00'", "time: '1'"))  # one minute
+    res = dtrain("run", path, "--nproc-per-node", "1", "--", "python", PLAIN, "--epochs", "1000", "--sleep", "0.2",
+                 env=slurm_cluster.env(), timeout=170)
+    assert res.returncode == 5, res.stdout + res.stderr
+    rec = status(slurm_cluster, job_id_of(res.stdout))
+    assert rec["state"] == "failed" and rec["reason"].startswith("timed out"), rec
+    assert "timed out" in res.stderr
+    assert not wait_gone(rec["id"])
