@@ -98,7 +98,8 @@ def _cgroup_conf() -> str:
     root = Path("/sys/fs/cgroup")
     if not (root / "cgroup.controllers").exists() and (root / "freezer").is_dir():
         return "CgroupPlugin=cgroup/v1\n"
-    return "CgroupPlugin=autodetect\n"
+    # unified v2: no systemd scope (several slurmd on one machine, none started by systemd)
+    return "CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\n"
 
 
 def _wait(check, timeout: float, what: str, logs: list[Path]) -> None:
@@ -159,13 +160,13 @@ def slurm_cluster(netns_cluster):
             (tmp / f"spool-{h.name}").mkdir()
         cluster = SlurmCluster(netns, conf, tmp, [h.name for h in netns.hosts])
         env = cluster.env()
-        ctld_log = open(tmp / "slurmctld.out", "w")
-        procs.append(subprocess.Popen(["/usr/sbin/slurmctld", "-D", "-i", "-f", str(conf)], env=env,
-                                      stdout=ctld_log, stderr=subprocess.STDOUT, start_new_session=True))
+        with open(tmp / "slurmctld.out", "w") as log:
+            procs.append(subprocess.Popen(["/usr/sbin/slurmctld", "-D", "-i", "-f", str(conf)], env=env,
+                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         for h in netns.hosts:
-            out = open(tmp / f"slurmd-{h.name}.out", "w")
-            procs.append(netns.popen(h, ["/usr/sbin/slurmd", "-D", "-N", h.name, "-f", str(conf)], env=env,
-                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+            with open(tmp / f"slurmd-{h.name}.out", "w") as log:
+                procs.append(netns.popen(h, ["/usr/sbin/slurmd", "-D", "-N", h.name, "-f", str(conf)], env=env,
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
 
         def all_idle() -> bool:
             res = cluster.cmd("sinfo", "-h", "-N", "-o", "%N %t")
@@ -173,7 +174,16 @@ def slurm_cluster(netns_cluster):
             return res.returncode == 0 and len(states) == len(netns.hosts) and all(
                 s == "idle" for s in states.values())
 
-        _wait(all_idle, 60, "the slurm nodes", sorted(tmp.glob("slurm*.log")) + sorted(tmp.glob("*.out")))
+        slurmds = procs[1:]
+        try:
+            _wait(all_idle, 60, "the slurm nodes", sorted(tmp.glob("slurm*.log")) + sorted(tmp.glob("*.out")))
+        except RuntimeError:
+            cgroup_refusal = [line for h in netns.hosts for line in (tmp / f"slurmd-{h.name}.out").read_text().splitlines()
+                              if "cgroup" in line and "error" in line]
+            if all(p.poll() is not None for p in slurmds) and cgroup_refusal:
+                # The machine's cgroup setup, not dtrain: say so instead of failing.
+                pytest.skip(f"slurmd cannot run here: {cgroup_refusal[0]}")
+            raise
         yield cluster
     finally:
         for p in procs:

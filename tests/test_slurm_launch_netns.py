@@ -76,7 +76,8 @@ def test_stop_cancels_a_queued_and_a_running_job(slurm_cluster, dtrain_home, tmp
     assert not wait_gone(running_id)
 
 
-def test_a_partition_typo_is_refused_before_submission(slurm_cluster, dtrain_home):
+def test_a_request_the_partition_cannot_satisfy_is_refused_before_submission(slurm_cluster, dtrain_home,
+                                                                              tmp_path):
     res = dtrain("run", "--slurm-partition", "debgu", "--nodes", "2", "--", "python", PLAIN,
                  env=slurm_cluster.env(), timeout=60)
     assert res.returncode != 0
@@ -84,6 +85,9 @@ def test_a_partition_typo_is_refused_before_submission(slurm_cluster, dtrain_hom
     too_many = dtrain("run", "--slurm-partition", "debug", "--nodes", "9", "--", "python", PLAIN,
                       env=slurm_cluster.env(), timeout=60)
     assert too_many.returncode != 0 and "has 3 node(s), the job asks for 9" in too_many.stderr, too_many.stderr
+    gpus = dtrain("run", cluster_file(slurm_cluster, tmp_path, extra=", gpus_per_node: 1"), "--", "python", PLAIN,
+                  env=slurm_cluster.env(), timeout=60)
+    assert gpus.returncode != 0 and "has 0 GPU(s) in all" in gpus.stderr, gpus.stderr
     assert dtrain("jobs", "--json", env=slurm_cluster.env()).stdout.strip() == "[]"
 
 

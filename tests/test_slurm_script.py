@@ -10,7 +10,7 @@ import pytest
 from dtrain.errors import ConfigError
 from dtrain.jobs.registry import JobState
 from dtrain.launch.slurm import SlurmCluster, SlurmSpec, batch_script, slurm_from_args
-from dtrain.launch.slurm_job import check_request, first_task_error, parse_job
+from dtrain.launch.slurm_job import check_request, first_task_error, minutes, parse_job
 from dtrain.launch.spec import JobSpec
 
 EXPECTED = r"""#!/bin/bash
@@ -85,6 +85,20 @@ def test_the_partition_is_checked_before_submission():
     with pytest.raises(ConfigError, match="has 3 node"):
         check_request(SlurmSpec(partition="debug", nodes=4), parts)
     check_request(SlurmSpec(partition="debug", nodes=3), parts)
+
+
+def test_gpus_and_time_limits_are_checked_before_submission():
+    parts = {"gpu": {"TotalNodes": "2", "TRES": "cpu=64,mem=500G,node=2,billing=64,gres/gpu=8", "MaxTime": "1-00:00:00"},
+             "cpu": {"TotalNodes": "4", "TRES": "cpu=64,node=4", "MaxTime": "UNLIMITED"}}
+    check_request(SlurmSpec(partition="gpu", nodes=2, gpus_per_node=4, time="24:00:00"), parts)
+    with pytest.raises(ConfigError, match="has 8 GPU"):
+        check_request(SlurmSpec(partition="gpu", nodes=2, gpus_per_node=8), parts)
+    with pytest.raises(ConfigError, match="has 0 GPU"):
+        check_request(SlurmSpec(partition="cpu", nodes=1, gpus_per_node=1), parts)
+    with pytest.raises(ConfigError, match="at most 1-00:00:00"):
+        check_request(SlurmSpec(partition="gpu", nodes=1, time="1-00:01"), parts)
+    check_request(SlurmSpec(partition="cpu", nodes=1, time="30-00:00:00"), parts)
+    assert [minutes(t) for t in ("90", "1:30", "01:30:00", "2-0", "1-01:01", "INFINITE")] == [90, 1.5, 90, 2880, 1501, None]
 
 
 def test_flags_and_files_choose_slurm(tmp_path):

@@ -140,6 +140,31 @@ def check_request(spec: SlurmSpec, partitions: dict[str, dict[str, str]]) -> Non
     if spec.nodes > total:
         raise ConfigError(f"partition {spec.partition!r} has {total} node(s), the job asks for {spec.nodes}; "
                           "nothing was submitted", f"ask for at most {total} (--nodes {total})")
+    tres = dict(item.split("=", 1) for item in part.get("TRES", "").split(",") if "=" in item)
+    gpus = int(tres.get("gres/gpu", "0") or 0)
+    if spec.gpus_per_node and spec.gpus_per_node * spec.nodes > gpus:
+        raise ConfigError(f"partition {spec.partition!r} has {gpus} GPU(s) in all, the job asks for "
+                          f"{spec.nodes} x {spec.gpus_per_node}; nothing was submitted",
+                          "ask for fewer GPUs or pick a GPU partition (`sinfo -o '%P %G'`)")
+    limit = minutes(part.get("MaxTime", "UNLIMITED"))
+    if spec.time is not None and limit is not None and minutes(spec.time) > limit:
+        raise ConfigError(f"partition {spec.partition!r} allows at most {part['MaxTime']}, the job asks for "
+                          f"{spec.time}; nothing was submitted", f"ask for time: {part['MaxTime']} or less")
+
+
+def minutes(value: str) -> float | None:
+    """Slurm's time forms (MIN, MIN:SEC, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) in minutes;
+    None for no limit."""
+    if value in ("UNLIMITED", "INFINITE", ""):
+        return None
+    days, _, rest = value.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:  # D-HH[:MM[:SS]]
+        h, m, sec = (parts + [0, 0])[:3]
+        return int(days) * 1440 + h * 60 + m + sec / 60
+    if len(parts) == 3:
+        return parts[0] * 60 + parts[1] + parts[2] / 60
+    return parts[0] + (parts[1] / 60 if len(parts) == 2 else 0)
 
 
 @dataclass
