@@ -4,6 +4,7 @@ per namespace host, every host seeing this repository and virtualenv at the same
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -138,4 +139,22 @@ def test_a_job_past_its_time_limit_is_reported_as_timed_out(slurm_cluster, dtrai
     rec = status(slurm_cluster, job_id_of(res.stdout))
     assert rec["state"] == "failed" and rec["reason"].startswith("timed out"), rec
     assert "timed out" in res.stderr
+    assert not wait_gone(rec["id"])
+
+
+def test_ctrl_c_on_a_followed_job_cancels_it_in_slurm(slurm_cluster, dtrain_home, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "dtrain", "run", cluster_file(slurm_cluster, tmp_path),
+                             "--nproc-per-node", "1", "--", "python", PLAIN, "--epochs", "100", "--sleep", "0.2"],
+                            cwd=REPO, env=slurm_cluster.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "epoch 0 step 1" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=90)
+    assert proc.returncode == 130, ("".join(lines) + rest, err)
+    rec = status(slurm_cluster, job_id_of("".join(lines)))
+    assert rec["state"] == "stopped", rec
+    assert "JobState=CANCELLED" in slurm_cluster.cmd("scontrol", "show", "job", "-o", rec["extra"]["slurm_job_id"]).stdout
     assert not wait_gone(rec["id"])
