@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from dtrain.monitor.store import Store
+
 from launch_helpers import REPO, SCRIPTS, dtrain, job_id_of, wait_gone
 from test_launch_netns import assert_nothing_left, kill_workers
 
@@ -50,6 +52,14 @@ def test_plain_torchrun_script_on_a_two_node_allocation(slurm_cluster, dtrain_ho
     assert rec["state"] == "succeeded" and rec["world_size"] == 4 and rec["nodes"] == ["h1", "h2"], rec
     assert rec["extra"]["slurm_job_id"].isdigit()
     assert not wait_gone(job_id)
+    # the node agents ran beside the ranks and the head collected them: dtrain report works
+    store = Store.for_job(dtrain_home / "jobs" / job_id, readonly=True)
+    nodes = store.node_series()
+    store.close()
+    assert set(nodes) == {"h1", "h2"} and all(len(s["t"]) >= 1 for s in nodes.values()), nodes
+    rep = dtrain("report", job_id, "--out", str(tmp_path / "report"), env=slurm_cluster.env(), timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    assert json.loads((tmp_path / "report" / "summary.json").read_text())["totals"]["nodes"] == 2
 
 
 def test_stop_cancels_a_queued_and_a_running_job(slurm_cluster, dtrain_home, tmp_path):

@@ -164,6 +164,7 @@ def batch_script(job: JobSpec, cluster: SlurmCluster, job_id: str, *, workdir: s
         'node="$SLURMD_NODENAME"',
         f'export DTRAIN_NODE_RANK="$SLURM_NODEID" DTRAIN_HEARTBEAT_DIR="{scratch}/heartbeat"',
         'if [ "$SLURM_NODEID" = 0 ]; then is_host=true; else is_host=false; fi',
+        *_agent(job, job_id, scratch),
         "exec " + _words(wrapper) + " \\\n  " + _words(torchrun),
     ])
     lines = ["#!/bin/bash", *header(spec, job.display_name(), output),
@@ -181,6 +182,17 @@ def batch_script(job: JobSpec, cluster: SlurmCluster, job_id: str, *, workdir: s
               f"bash -c '{per_node}' \\\n  {shlex.join([python, *torchrun_target(job.command)])} "
               f"2>&1 | sed -u '/^{MARK.strip()} /d'"]
     return "\n".join(lines) + "\n"
+
+
+def _agent(job: JobSpec, job_id: str, scratch: str) -> list[str]:
+    """The monitor's node agent, started before `exec`: it becomes the node wrapper's
+    child, so the wrapper's clean-up stops it with the job (the head collects from it)."""
+    if not job.monitor:
+        return []
+    agent = ["nice", "-n", "10", '"$0"', "-m", "dtrain.monitor.agent", "--job", job_id, "--node", '"$node"',
+             "--bind", '"$node"', "--port", str(job.monitor_port)]
+    return [f'export DTRAIN_AGENT_ADDR=127.0.0.1:{job.monitor_port}',
+            f'mkdir -p "{scratch}" && {_words(agent)} >"{scratch}/agent.log" 2>&1 &']
 
 
 def _words(argv: list[str]) -> str:

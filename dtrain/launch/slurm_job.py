@@ -123,6 +123,12 @@ class SlurmClient:
             return parse_job(f"JobState={state.split()[0]} ExitCode={code} Reason={reason}")
         return None
 
+    def node_address(self, node: str) -> str:
+        """The address Slurm reaches `node` at (NodeAddr), else its name."""
+        res = self.call("scontrol", "show", "node", "-o", node, check=False)
+        fields = dict(w.split("=", 1) for w in res.stdout.split() if "=" in w)
+        return fields.get("NodeAddr") or node
+
     def cancel(self, slurm_id: str) -> None:
         self.call("scancel", slurm_id)
 
@@ -209,7 +215,8 @@ def submit(job: JobSpec, cluster: SlurmCluster, *, out: TextIO, client: SlurmCli
         out.write(f"  follow it: dtrain logs {job_id} -f    stop it: dtrain stop {job_id}\n")
         return Submitted(job_id, slurm_id, 0)
     try:
-        rec = follow(registry, job_id, client, out=out, poll=poll)
+        rec = follow(registry, job_id, client, out=out, poll=poll,
+                     monitor_port=job.monitor_port if job.monitor else None)
     except KeyboardInterrupt:
         client.cancel(slurm_id)
         out.write(f"\n[dtrain] cancelled Slurm job {slurm_id}\n")
@@ -217,26 +224,48 @@ def submit(job: JobSpec, cluster: SlurmCluster, *, out: TextIO, client: SlurmCli
     return Submitted(job_id, slurm_id, _exit_status(rec, out))
 
 
-def follow(registry: JobRegistry, job_id: str, client: SlurmClient, *, out: TextIO, poll: float = 1.0) -> JobRecord:
-    """Print the pending reason while queued, then the job's output, until it ends."""
+def follow(registry: JobRegistry, job_id: str, client: SlurmClient, *, out: TextIO, poll: float = 1.0,
+           monitor_port: int | None = None) -> JobRecord:
+    """Print the pending reason while queued, then the job's output, until it ends;
+    with `monitor_port`, collect the node agents' metrics meanwhile (`dtrain report`)."""
     log = job_dir(job_id) / "output.log"
-    pos, said = 0, ""
-    while True:
-        rec = refresh(registry, registry.get(job_id), client)
-        if rec.state == JobState.PENDING and rec.reason != said:
-            said = rec.reason
-            out.write(f"[dtrain] pending in Slurm: {said or 'queued'}\n")
-        if log.exists():
-            with open(log, encoding="utf-8", errors="replace") as fh:
-                fh.seek(pos)
-                chunk = fh.read()
-            cut = len(chunk) if rec.state.terminal else chunk.rfind("\n") + 1
-            out.write(chunk[:cut])
-            out.flush()
-            pos += len(chunk[:cut].encode("utf-8"))
-        if rec.state.terminal:
-            return rec
-        time.sleep(poll)
+    pos, said, collector = 0, "", None
+    try:
+        while True:
+            rec = refresh(registry, registry.get(job_id), client)
+            if rec.state == JobState.PENDING and rec.reason != said:
+                said = rec.reason
+                out.write(f"[dtrain] pending in Slurm: {said or 'queued'}\n")
+            if collector is None and monitor_port and rec.state == JobState.RUNNING and rec.nodes:
+                collector = _collect(job_id, rec.nodes, client, monitor_port, out)
+            if log.exists():
+                with open(log, encoding="utf-8", errors="replace") as fh:
+                    fh.seek(pos)
+                    chunk = fh.read()
+                cut = len(chunk) if rec.state.terminal else chunk.rfind("\n") + 1
+                out.write(chunk[:cut])
+                out.flush()
+                pos += len(chunk[:cut].encode("utf-8"))
+            if rec.state.terminal:
+                return rec
+            time.sleep(poll)
+    finally:
+        if collector is not None:
+            collector.stop()
+
+
+def _collect(job_id: str, nodes: list[str], client: SlurmClient, port: int, out: TextIO):
+    """The head's collector over the allocated nodes' agents; monitoring never stops a job."""
+    from dtrain.monitor.api import agent_url
+    from dtrain.monitor.collector import Collector
+
+    try:
+        endpoints = {n: agent_url(client.node_address(n), port) for n in nodes}
+        return Collector(job_dir(job_id), endpoints, job_id=job_id,
+                         on_finding=lambda f: out.write(f"[dtrain] finding: {f.message}\n")).start()
+    except Exception as exc:  # monitoring is optional; the job is not
+        out.write(f"[dtrain] monitoring: collector not started: {exc}\n")
+        return None
 
 
 def refresh(registry: JobRegistry, rec: JobRecord, client: SlurmClient | None = None) -> JobRecord:
