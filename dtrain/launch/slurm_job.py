@@ -284,9 +284,9 @@ def refresh(registry: JobRegistry, rec: JobRecord, client: SlurmClient | None = 
             reason += f"; first failure on {culprit}"
         registry.finish(rec.id, job.dtrain_state, job.exit_code, reason)
     elif job.dtrain_state == JobState.RUNNING:
-        fields = {"nodes": job.nodes} if job.nodes else {}
-        if rec.state == JobState.PENDING:
-            fields.update(state=JobState.RUNNING, started=registry.clock())
+        fields = {"nodes": job.nodes} if job.nodes and job.nodes != rec.nodes else {}
+        if rec.state == JobState.PENDING:  # the pending reason no longer holds
+            fields.update(state=JobState.RUNNING, started=registry.clock(), reason="")
         if fields:
             registry.update(rec.id, **fields)
     elif job.reason != rec.reason:
