@@ -12,11 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from dtrain.monitor.store import Store
 
 from launch_helpers import REPO, SCRIPTS, dtrain, job_id_of, wait_gone
-from test_launch_netns import assert_nothing_left, kill_workers
+from test_launch_netns import _recipe_sets, assert_nothing_left, kill_workers
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 PLAIN = str(SCRIPTS / "plain_ddp.py")
@@ -60,6 +61,17 @@ def test_plain_torchrun_script_on_a_two_node_allocation(slurm_cluster, dtrain_ho
     rep = dtrain("report", job_id, "--out", str(tmp_path / "report"), env=slurm_cluster.env(), timeout=120)
     assert rep.returncode == 0, rep.stderr
     assert json.loads((tmp_path / "report" / "summary.json").read_text())["totals"]["nodes"] == 2
+
+
+def test_the_defect_recipe_runs_unchanged_on_a_two_node_allocation(slurm_cluster, dtrain_home, synth_data, tmp_path):
+    out = tmp_path / "run"
+    res = dtrain("run", cluster_file(slurm_cluster, tmp_path), "--nproc-per-node", "2", "--",
+                 "dtrain", "train", *_recipe_sets(synth_data, out), env=slurm_cluster.env(), timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "[h2:r3]" in res.stdout and "[h1:r0]" in res.stdout, res.stdout
+    state = torch.load(out / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+    assert state["model"], state.keys()
+    assert status(slurm_cluster, job_id_of(res.stdout))["state"] == "succeeded"
 
 
 def test_stop_cancels_a_queued_and_a_running_job(slurm_cluster, dtrain_home, tmp_path):
