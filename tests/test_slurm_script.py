@@ -61,6 +61,12 @@ def test_the_batch_script_is_exactly_this():
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
 
 
+@pytest.mark.parametrize("field", [{"rdzv": "elastic", "nnodes": "1:2"}, {"tf_config": True}])
+def test_options_that_do_not_apply_to_an_allocation_are_refused(field):
+    with pytest.raises(ConfigError, match="do not apply to a Slurm job"):
+        batch_script(JobSpec(command=["python", "t.py"], **field), cluster(), "J1", workdir="/w", output="/o")
+
+
 def test_without_monitoring_no_agent_starts():
     job = JobSpec(command=["python", "train.py"], monitor=False)
     text = batch_script(job, cluster(), "J1", workdir="/w", output="/o/output.log")

@@ -145,6 +145,9 @@ def batch_script(job: JobSpec, cluster: SlurmCluster, job_id: str, *, workdir: s
                  secret: frozenset[str] = frozenset()) -> str:
     """The exact script `sbatch` runs. `secret`: env names left out of it (they reach the
     job through sbatch's own environment, never written to disk)."""
+    if job.nnodes is not None or job.tf_config:
+        raise ConfigError("--nnodes and --tf-config do not apply to a Slurm job (it runs on every node of its "
+                          "allocation)", "drop them; ask for the nodes with --nodes N or slurm.nodes")
     spec, python = cluster.slurm, cluster.defaults.python
     env = {**cluster.defaults.env, **job.env}
     scratch = f"/tmp/dtrain-{job_id}-$node"
