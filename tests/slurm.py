@@ -102,6 +102,14 @@ def _cgroup_conf() -> str:
     return "CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\n"
 
 
+def _cgroup_refusal(logs: list[Path]) -> str:
+    for path in logs:
+        for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
+            if "cgroup" in line.lower() and ("error" in line or "fatal" in line):
+                return line
+    return ""
+
+
 def _wait(check, timeout: float, what: str, logs: list[Path]) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -174,15 +182,17 @@ def slurm_cluster(netns_cluster):
             return res.returncode == 0 and len(states) == len(netns.hosts) and all(
                 s == "idle" for s in states.values())
 
-        slurmds = procs[1:]
+        logs = sorted(tmp.glob("slurm*.log")) + sorted(tmp.glob("*.out"))
         try:
-            _wait(all_idle, 60, "the slurm nodes", sorted(tmp.glob("slurm*.log")) + sorted(tmp.glob("*.out")))
+            _wait(all_idle, 60, "the slurm nodes", logs)
+            # one step on every node: slurmstepd sets up its cgroups only now
+            smoke = cluster.cmd("srun", f"-N{len(netns.hosts)}", "--ntasks-per-node=1", "true", timeout=90)
+            if smoke.returncode != 0:
+                raise RuntimeError(f"a first step on every node failed: {smoke.stderr}")
         except RuntimeError:
-            cgroup_refusal = [line for h in netns.hosts for line in (tmp / f"slurmd-{h.name}.out").read_text().splitlines()
-                              if "cgroup" in line and "error" in line]
-            if all(p.poll() is not None for p in slurmds) and cgroup_refusal:
-                # The machine's cgroup setup, not dtrain: say so instead of failing.
-                pytest.skip(f"slurmd cannot run here: {cgroup_refusal[0]}")
+            refusal = _cgroup_refusal(logs)
+            if refusal:  # the machine's cgroup setup, not dtrain: say so instead of failing
+                pytest.skip(f"slurm cannot run jobs here: {refusal}")
             raise
         yield cluster
     finally:
