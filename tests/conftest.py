@@ -11,7 +11,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 # The multi-host harness: the session fixture `netns_cluster` (owner: cluster).
-pytest_plugins = ["tests.netns", "tests.s3", "tests.ec2", "tests.deploy_fixtures"]
+pytest_plugins = ["tests.netns", "tests.slurm", "tests.s3", "tests.ec2", "tests.deploy_fixtures"]
 
 
 @pytest.fixture

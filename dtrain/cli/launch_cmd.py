@@ -52,12 +52,15 @@ def register(app: typer.Typer) -> None:
         no_sync: bool = typer.Option(False, "--no-sync", help="Do not copy the working directory."),
         no_monitor: bool = typer.Option(False, "--no-monitor", help="Do not start the node agents."),
         down: bool = typer.Option(False, "--down", help="Rented cluster: terminate it when the job ends."),
+        slurm_partition: Optional[str] = typer.Option(None, "--slurm-partition", help="Submit to this Slurm partition."),
+        slurm_nodes: Optional[int] = typer.Option(None, "--nodes", help="Slurm nodes to allocate."),
     ) -> None:
         from dtrain.cluster.providers.lifecycle import rented_cluster
         from dtrain.cluster.spec import cluster_from_args
         from dtrain.errors import ConfigError
         from dtrain.launch.cli_support import job_from, print_and_exit
         from dtrain.launch.launcher import start
+        from dtrain.launch.slurm import slurm_from_args
 
         words = list(ctx.args)
         cluster_file = words.pop(0) if words and words[0].endswith((".yaml", ".yml")) else None
@@ -68,6 +71,12 @@ def register(app: typer.Typer) -> None:
             tf_config=tf_config or None, sync="never" if no_sync else None,
             monitor=False if no_monitor else None,
         )
+        slurm = slurm_from_args(cluster_file, hosts, slurm_partition, slurm_nodes)
+        if slurm is not None:
+            from dtrain.launch.slurm_job import submit
+
+            print_and_exit(submit(job, slurm, out=sys.stdout, dry_run=dry_run, detach=detach).exit_status)
+            return
         if down and detach:
             raise ConfigError("--down and --detach together would release the cluster under the running job",
                               "drop one of them")

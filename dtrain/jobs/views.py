@@ -26,10 +26,19 @@ def _dur(seconds: float | None) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
+def _current(registry: JobRegistry, rec: JobRecord) -> JobRecord:
+    """The record, brought up to date from the scheduler for a job Slurm runs."""
+    if rec.extra.get("scheduler") != "slurm" or rec.state.terminal:
+        return rec
+    from dtrain.launch.slurm_job import refresh
+
+    return refresh(registry, rec)
+
+
 def show_jobs(*, as_json: bool, limit: int, registry: JobRegistry | None = None, out=None) -> None:
     out = out or sys.stdout
     registry = registry or JobRegistry()
-    records = registry.list(limit=limit)
+    records = [_current(registry, r) for r in registry.list(limit=limit)]
     now = time.time()
     if as_json:
         out.write(json.dumps([r.to_json(now) for r in records], indent=2) + "\n")
@@ -52,7 +61,8 @@ def show_jobs(*, as_json: bool, limit: int, registry: JobRegistry | None = None,
 
 def show_status(job: str, *, as_json: bool, registry: JobRegistry | None = None, out=None) -> JobRecord:
     out = out or sys.stdout
-    rec = (registry or JobRegistry()).get(job)
+    registry = registry or JobRegistry()
+    rec = _current(registry, registry.get(job))
     now = time.time()
     if as_json:
         out.write(json.dumps(rec.to_json(now), indent=2) + "\n")
@@ -65,6 +75,8 @@ def show_status(job: str, *, as_json: bool, registry: JobRegistry | None = None,
         ("reason", rec.reason or "-"), ("supervisor pid", str(rec.supervisor_pid or "-")),
         ("directory", rec.dir),
     ]
+    if rec.extra.get("slurm_job_id"):
+        rows.append(("slurm job", rec.extra["slurm_job_id"]))
     for key, value in rows:
         out.write(f"{key:>15}: {value}\n")
     return rec
@@ -92,7 +104,7 @@ def show_logs(job: str, *, follow: bool, node: str | None, registry: JobRegistry
                 pos += len(chunk[:cut].encode("utf-8"))
         if not follow:
             return
-        if registry.get(rec.id).state.terminal:
+        if _current(registry, registry.get(rec.id)).state.terminal:
             follow = False  # one more pass prints the summary lines written at the end
             continue
         time.sleep(poll)
@@ -104,6 +116,12 @@ def stop_job(job: str, *, wait: float, registry: JobRegistry | None = None, out=
     rec = registry.get(job)
     if rec.state.terminal:
         out.write(f"job {rec.id} already {rec.state.value}\n")
+        return rec
+    if rec.extra.get("scheduler") == "slurm":
+        from dtrain.launch.slurm_job import stop
+
+        rec = stop(registry, rec, wait=wait)
+        out.write(f"job {rec.id} {rec.state.value}\n")
         return rec
     if rec.supervisor_pid is None:
         raise DtrainError(f"job {rec.id} has no supervisor yet", "try again in a moment")

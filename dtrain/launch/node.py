@@ -85,7 +85,7 @@ def heartbeat_ages(hb_dir: Path, now: float) -> dict[str, float]:
 
 class NodeWrapper:
     def __init__(self, cmd: list[str], *, scratch: Path, grace: float, status_every: float,
-                 env: dict[str, str], out=None, head_timeout: float = 0.0) -> None:
+                 env: dict[str, str], out=None, head_timeout: float = 0.0, watch_stdin: bool = True) -> None:
         self.cmd = cmd
         self.scratch = scratch
         self.grace = grace
@@ -98,6 +98,7 @@ class NodeWrapper:
         self.proc: subprocess.Popen | None = None
         self.head_timeout = head_timeout
         self.heard_from_head = time.monotonic()
+        self.watch_stdin = watch_stdin
 
     def emit(self, data: bytes) -> None:
         with self.lock:
@@ -127,7 +128,8 @@ class NodeWrapper:
         self.mark({"hb": {}})  # at once: the head learns this node is up (and starts its agent)
         pump = threading.Thread(target=self._pump, daemon=True)
         pump.start()
-        threading.Thread(target=self._watch_stdin, daemon=True).start()
+        if self.watch_stdin:
+            threading.Thread(target=self._watch_stdin, daemon=True).start()
         while self.proc.poll() is None and not self.stopping.wait(self.status_every):
             self.mark({"hb": heartbeat_ages(hb_dir, time.time())})
             silent = time.monotonic() - self.heard_from_head
@@ -216,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--status-every", type=float, default=1.0)
     parser.add_argument("--head-timeout", type=float, default=0.0,
                         help="stop when the head's keep-alive stops this long (0: never)")
+    # Under Slurm stdin is not a link to the head (srun gives tasks /dev/null): the
+    # scheduler owns the node's lifetime and ends the step itself.
+    parser.add_argument("--watch-stdin", choices=("yes", "no"), default="yes",
+                        help="stop when stdin closes (the SSH head's connection)")
     parser.add_argument("cmd", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -229,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             env["GLOO_SOCKET_IFNAME"] = ifname
             env.setdefault("NCCL_SOCKET_IFNAME", ifname)
     wrapper = NodeWrapper(cmd, scratch=args.scratch, grace=args.grace, status_every=args.status_every, env=env,
-                          head_timeout=args.head_timeout)
+                          head_timeout=args.head_timeout, watch_stdin=args.watch_stdin == "yes")
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: wrapper.request_stop(f"signal {signal.Signals(signum).name}"))
     return wrapper.run()

@@ -1,0 +1,332 @@
+"""A dtrain job under Slurm, through Slurm's own commands: refuse a request the partition
+cannot satisfy (`scontrol show partition`), submit (`sbatch --parsable`), follow
+(`scontrol show job`: pending with its reason, then the job's output), stop (`scancel`)
+and map Slurm's final state into the registry.
+
+The registry row carries `extra = {"scheduler": "slurm", "slurm_job_id": ...}` and no
+supervisor pid: Slurm, not a dtrain process, keeps the job alive, so a reader refreshes
+the row from Slurm (`refresh`) instead of checking a pid. The slurm client commands are
+passed in (`SlurmClient(run=...)`) so every call site names its side effect.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from dtrain.errors import ConfigError, DtrainError, ExitStatus, JobFailed
+from dtrain.jobs import secrets
+from dtrain.jobs.registry import JobRecord, JobRegistry, JobState, new_job_id
+from dtrain.launch.slurm import SlurmCluster, SlurmSpec, batch_script, nproc_per_node
+from dtrain.launch.spec import JobSpec
+from dtrain.paths import dtrain_home, job_dir
+
+# Slurm's job states (squeue/scontrol/sacct spelling) -> dtrain's.
+_LIVE = {"PENDING": JobState.PENDING, "CONFIGURING": JobState.PENDING, "REQUEUED": JobState.PENDING,
+         "RESV_DEL_HOLD": JobState.PENDING, "REQUEUE_HOLD": JobState.PENDING, "SUSPENDED": JobState.RUNNING,
+         "RUNNING": JobState.RUNNING, "COMPLETING": JobState.RUNNING, "STAGE_OUT": JobState.RUNNING,
+         "SIGNALING": JobState.RUNNING, "RESIZING": JobState.RUNNING, "STOPPED": JobState.RUNNING}
+_ENDED = {"COMPLETED": JobState.SUCCEEDED, "CANCELLED": JobState.STOPPED}
+# srun's report of the first task that failed: "srun: error: h2: task 1: Exited with exit code 1"
+_TASK_ERROR = re.compile(r"^srun: error: (\S+): tasks? [\d,-]+: (.+)$", re.MULTILINE)
+
+
+@dataclass
+class SlurmJob:
+    """What Slurm says about one job (one line of `scontrol show job -o`)."""
+
+    state: str  # Slurm's word, e.g. PENDING, RUNNING, TIMEOUT
+    reason: str = ""
+    exit_code: int | None = None
+    nodes: list[str] = field(default_factory=list)
+
+    @property
+    def dtrain_state(self) -> JobState:
+        return _LIVE.get(self.state) or _ENDED.get(self.state) or JobState.FAILED
+
+    def describe(self) -> str:
+        """The registry's reason for a job that ended."""
+        if self.state == "COMPLETED":
+            return ""
+        if self.state == "TIMEOUT":
+            return "timed out: Slurm's time limit ended the job"
+        if self.state == "CANCELLED":
+            return "cancelled in Slurm" + (f" ({self.reason})" if self.reason not in ("", "None") else "")
+        why = f" (reason {self.reason})" if self.reason not in ("", "None") else ""
+        code = f", exit code {self.exit_code}" if self.exit_code else ""
+        return f"Slurm says {self.state}{why}{code}"
+
+
+def parse_job(line: str) -> SlurmJob:
+    """`scontrol show job -o` fields -> SlurmJob (`JobState=TIMEOUT Reason=TimeLimit ExitCode=0:15`)."""
+    fields = dict(word.split("=", 1) for word in line.split() if "=" in word)
+    state = fields.get("JobState", "UNKNOWN").split("+")[0]
+    code, _, sig = fields.get("ExitCode", "").partition(":")
+    exit_code = int(code) if code.isdigit() else None
+    if exit_code == 0 and sig.isdigit() and int(sig):
+        exit_code = 128 + int(sig)
+    nodelist = fields.get("NodeList", "(null)")
+    return SlurmJob(state, fields.get("Reason", ""), exit_code, [] if nodelist == "(null)" else [nodelist])
+
+
+class SlurmClient:
+    """Slurm's commands; `run` is subprocess.run's signature (the side effect, passed in)."""
+
+    def __init__(self, run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
+                 env: dict[str, str] | None = None) -> None:
+        self._run = run
+        self.env = env
+
+    def call(self, *argv: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        try:
+            res = self._run(list(argv), capture_output=True, text=True, timeout=60, env=env or self.env)
+        except FileNotFoundError:
+            raise DtrainError(f"`{argv[0]}` is not installed here", "run dtrain on a Slurm login node "
+                              "(or install slurm-client and point SLURM_CONF at the cluster)") from None
+        if check and res.returncode != 0:
+            raise DtrainError(f"{argv[0]} failed: {(res.stderr or res.stdout).strip()}",
+                              "check the request with `sinfo` and your Slurm account")
+        return res
+
+    def partitions(self) -> dict[str, dict[str, str]]:
+        res = self.call("scontrol", "show", "partition", "-o")
+        parts = {}
+        for line in res.stdout.splitlines():
+            fields = dict(w.split("=", 1) for w in line.split() if "=" in w)
+            if "PartitionName" in fields:
+                parts[fields["PartitionName"]] = fields
+        return parts
+
+    def submit(self, script: Path, env: dict[str, str]) -> str:
+        out = self.call("sbatch", "--parsable", str(script), env=env).stdout.strip()
+        return out.split(";")[0]  # "ID" or "ID;cluster"
+
+    def job(self, slurm_id: str) -> SlurmJob | None:
+        """None when Slurm no longer knows the job (past MinJobAge, no accounting)."""
+        res = self.call("scontrol", "show", "job", "-o", slurm_id, check=False)
+        if res.returncode == 0 and "JobState=" in res.stdout:
+            job = parse_job(res.stdout.splitlines()[0])
+            if job.nodes:
+                hosts = self.call("scontrol", "show", "hostnames", job.nodes[0], check=False).stdout.split()
+                job.nodes = hosts or job.nodes
+            return job
+        acct = self.call("sacct", "-n", "-X", "-P", "-j", slurm_id, "-o", "State,ExitCode,Reason", check=False)
+        if acct.returncode == 0 and acct.stdout.strip():
+            state, code, reason = (acct.stdout.splitlines()[0].split("|") + ["", ""])[:3]
+            return parse_job(f"JobState={state.split()[0]} ExitCode={code} Reason={reason}")
+        return None
+
+    def node_address(self, node: str) -> str:
+        """The address Slurm reaches `node` at (NodeAddr), else its name."""
+        res = self.call("scontrol", "show", "node", "-o", node, check=False)
+        fields = dict(w.split("=", 1) for w in res.stdout.split() if "=" in w)
+        return fields.get("NodeAddr") or node
+
+    def cancel(self, slurm_id: str) -> None:
+        self.call("scancel", slurm_id)
+
+
+def check_request(spec: SlurmSpec, partitions: dict[str, dict[str, str]]) -> None:
+    """Refuse, before submitting, what the partition can never satisfy."""
+    if spec.partition is None:
+        return
+    part = partitions.get(spec.partition)
+    if part is None:
+        close = difflib.get_close_matches(spec.partition, list(partitions), n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"the partitions are: {', '.join(sorted(partitions))}"
+        raise ConfigError(f"Slurm has no partition {spec.partition!r}; nothing was submitted", hint)
+    total = int(part.get("TotalNodes", "0") or 0)
+    if spec.nodes > total:
+        raise ConfigError(f"partition {spec.partition!r} has {total} node(s), the job asks for {spec.nodes}; "
+                          "nothing was submitted", f"ask for at most {total} (--nodes {total})")
+    tres = dict(item.split("=", 1) for item in part.get("TRES", "").split(",") if "=" in item)
+    gpus = int(tres.get("gres/gpu", "0") or 0)
+    if spec.gpus_per_node and spec.gpus_per_node * spec.nodes > gpus:
+        raise ConfigError(f"partition {spec.partition!r} has {gpus} GPU(s) in all, the job asks for "
+                          f"{spec.nodes} x {spec.gpus_per_node}; nothing was submitted",
+                          "ask for fewer GPUs or pick a GPU partition (`sinfo -o '%P %G'`)")
+    limit = minutes(part.get("MaxTime", "UNLIMITED"))
+    if spec.time is not None and limit is not None and minutes(spec.time) > limit:
+        raise ConfigError(f"partition {spec.partition!r} allows at most {part['MaxTime']}, the job asks for "
+                          f"{spec.time}; nothing was submitted", f"ask for time: {part['MaxTime']} or less")
+
+
+def minutes(value: str) -> float | None:
+    """Slurm's time forms (MIN, MIN:SEC, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) in minutes;
+    None for no limit."""
+    if value in ("UNLIMITED", "INFINITE", ""):
+        return None
+    days, _, rest = value.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:  # D-HH[:MM[:SS]]
+        h, m, sec = (parts + [0, 0])[:3]
+        return int(days) * 1440 + h * 60 + m + sec / 60
+    if len(parts) == 3:
+        return parts[0] * 60 + parts[1] + parts[2] / 60
+    return parts[0] + (parts[1] / 60 if len(parts) == 2 else 0)
+
+
+@dataclass
+class Submitted:
+    job_id: str
+    slurm_id: str
+    exit_status: int
+
+
+def submit(job: JobSpec, cluster: SlurmCluster, *, out: TextIO, client: SlurmClient | None = None,
+           dry_run: bool = False, detach: bool = False, registry: JobRegistry | None = None,
+           head_cwd: str | None = None, poll: float = 1.0) -> Submitted:
+    """`dtrain run` on Slurm: print the batch script (`dry_run`), or check, submit and
+    follow the job to its end (or return at once with `detach`)."""
+    client = client or SlurmClient()
+    workdir = cluster.defaults.workdir or head_cwd or os.getcwd()
+    secret = frozenset(job.secret_env) | frozenset(secrets.secret_names({**cluster.defaults.env, **job.env}))
+    if dry_run:
+        job_id = new_job_id(time.time())
+        output = str(dtrain_home() / "jobs" / job_id / "output.log")  # a dry run creates nothing
+        out.write(batch_script(job, cluster, job_id, workdir=workdir, output=output, secret=secret))
+        return Submitted(job_id, "", 0)
+    check_request(cluster.slurm, client.partitions())
+    registry = registry or JobRegistry()
+    job_id = new_job_id(registry.clock())
+    directory = job_dir(job_id)
+    script = directory / "job.sbatch"
+    script.write_text(batch_script(job, cluster, job_id, workdir=workdir, output=str(directory / "output.log"),
+                                   secret=secret))
+    # Secret values reach the job through sbatch's environment (it exports the submitter's).
+    env = {**os.environ, **{k: v for k, v in {**cluster.defaults.env, **job.env}.items() if k in secret}}
+    world = cluster.slurm.nodes * nproc_per_node(job, cluster.slurm)
+    registry.create(job.display_name(), [], world, directory, job_id=job_id)
+    try:
+        slurm_id = client.submit(script, env)
+    except DtrainError as exc:
+        registry.finish(job_id, JobState.FAILED, 1, f"sbatch refused the job: {exc.message}")
+        raise
+    registry.update(job_id, extra={"scheduler": "slurm", "slurm_job_id": slurm_id})
+    out.write(f"[dtrain] job {job_id}: Slurm job {slurm_id}, {cluster.slurm.nodes} node(s), world size {world}\n")
+    if detach:
+        out.write(f"  follow it: dtrain logs {job_id} -f    stop it: dtrain stop {job_id}\n")
+        return Submitted(job_id, slurm_id, 0)
+    try:
+        rec = follow(registry, job_id, client, out=out, poll=poll,
+                     monitor_port=job.monitor_port if job.monitor else None)
+    except KeyboardInterrupt:
+        client.cancel(slurm_id)
+        out.write(f"\n[dtrain] cancelled Slurm job {slurm_id}\n")
+        rec = wait_ended(registry, registry.get(job_id), client, timeout=60)
+    return Submitted(job_id, slurm_id, _exit_status(rec, out))
+
+
+def follow(registry: JobRegistry, job_id: str, client: SlurmClient, *, out: TextIO, poll: float = 1.0,
+           monitor_port: int | None = None) -> JobRecord:
+    """Print the pending reason while queued, then the job's output, until it ends;
+    with `monitor_port`, collect the node agents' metrics meanwhile (`dtrain report`)."""
+    log = job_dir(job_id) / "output.log"
+    pos, said, collector = 0, "", None
+    try:
+        while True:
+            rec = refresh(registry, registry.get(job_id), client)
+            if rec.state == JobState.PENDING and rec.reason != said:
+                said = rec.reason
+                out.write(f"[dtrain] pending in Slurm: {said or 'queued'}\n")
+            if collector is None and monitor_port and rec.state == JobState.RUNNING and rec.nodes:
+                collector = _collect(job_id, rec.nodes, client, monitor_port, out)
+            if log.exists():
+                with open(log, encoding="utf-8", errors="replace") as fh:
+                    fh.seek(pos)
+                    chunk = fh.read()
+                cut = len(chunk) if rec.state.terminal else chunk.rfind("\n") + 1
+                out.write(chunk[:cut])
+                out.flush()
+                pos += len(chunk[:cut].encode("utf-8"))
+            if rec.state.terminal:
+                return rec
+            time.sleep(poll)
+    finally:
+        if collector is not None:
+            collector.stop()
+
+
+def _collect(job_id: str, nodes: list[str], client: SlurmClient, port: int, out: TextIO):
+    """The head's collector over the allocated nodes' agents; monitoring never stops a job."""
+    from dtrain.monitor.api import agent_url
+    from dtrain.monitor.collector import Collector
+
+    try:
+        endpoints = {n: agent_url(client.node_address(n), port) for n in nodes}
+        return Collector(job_dir(job_id), endpoints, job_id=job_id,
+                         on_finding=lambda f: out.write(f"[dtrain] finding: {f.message}\n")).start()
+    except Exception as exc:  # monitoring is optional; the job is not
+        out.write(f"[dtrain] monitoring: collector not started: {exc}\n")
+        return None
+
+
+def refresh(registry: JobRegistry, rec: JobRecord, client: SlurmClient | None = None) -> JobRecord:
+    """Bring a Slurm job's registry row up to date with what Slurm says."""
+    slurm_id = rec.extra.get("slurm_job_id")
+    if not slurm_id or rec.state.terminal:
+        return rec
+    job = (client or SlurmClient()).job(slurm_id)
+    if job is None:
+        registry.finish(rec.id, JobState.FAILED, None, f"Slurm no longer knows job {slurm_id}")
+    elif job.dtrain_state.terminal:
+        if job.nodes:
+            registry.update(rec.id, nodes=job.nodes)
+        reason = job.describe()
+        if job.dtrain_state == JobState.FAILED and (culprit := first_task_error(Path(rec.dir) / "output.log")):
+            reason += f"; first failure on {culprit}"
+        registry.finish(rec.id, job.dtrain_state, job.exit_code, reason)
+    elif job.dtrain_state == JobState.RUNNING:
+        fields = {"nodes": job.nodes} if job.nodes and job.nodes != rec.nodes else {}
+        if rec.state == JobState.PENDING:  # the pending reason no longer holds
+            fields.update(state=JobState.RUNNING, started=registry.clock(), reason="")
+        if fields:
+            registry.update(rec.id, **fields)
+    elif job.reason != rec.reason:
+        registry.update(rec.id, reason=job.reason)
+    return registry.get(rec.id)
+
+
+def first_task_error(log: Path) -> str:
+    """'h2 (Exited with exit code 1)' from srun's first task error in the job's output."""
+    try:
+        m = _TASK_ERROR.search(log.read_text(errors="replace"))
+    except OSError:
+        return ""
+    return f"{m.group(1)} ({m.group(2).strip()})" if m else ""
+
+
+def stop(registry: JobRegistry, rec: JobRecord, *, wait: float, client: SlurmClient | None = None) -> JobRecord:
+    """`dtrain stop` for a Slurm job: scancel, then wait until Slurm says it ended."""
+    client = client or SlurmClient()
+    client.cancel(rec.extra["slurm_job_id"])
+    return wait_ended(registry, rec, client, timeout=wait)
+
+
+def wait_ended(registry: JobRegistry, rec: JobRecord, client: SlurmClient, *, timeout: float) -> JobRecord:
+    deadline = time.monotonic() + timeout
+    while True:
+        rec = refresh(registry, rec, client)
+        if rec.state.terminal:
+            return rec
+        if time.monotonic() > deadline:
+            raise DtrainError(f"Slurm job {rec.extra['slurm_job_id']} did not end within {timeout:.0f} s",
+                              f"see `squeue -j {rec.extra['slurm_job_id']}`")
+        time.sleep(0.5)
+
+
+def _exit_status(rec: JobRecord, out: TextIO) -> int:
+    if rec.state == JobState.SUCCEEDED:
+        out.write(f"[dtrain] job {rec.id} succeeded on {', '.join(rec.nodes)}\n")
+        return 0
+    if rec.state == JobState.STOPPED:
+        out.write(f"[dtrain] job {rec.id} stopped: {rec.reason}\n")
+        return int(ExitStatus.INTERRUPTED)
+    raise JobFailed(f"job {rec.id} failed: {rec.reason}", f"full log: dtrain logs {rec.id}   ({rec.dir}/output.log)")
