@@ -12,6 +12,7 @@ dtrain.train` under torchrun, bench/train_throughput.py's two sides, the monitor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -21,7 +22,7 @@ import time
 import traceback
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
@@ -224,6 +225,7 @@ def step_ddp(work: Path, dry: bool) -> dict:
     """2 ranks x batch 8 == 1 process x batch 16 after 4 SGD steps (see the test's docstring
     for why), here with the model on the GPU. TF32 is switched off (NVIDIA_TF32_OVERRIDE)
     so that both runs compute in fp32 and only the summation order differs."""
+    sys.path.insert(0, str(REPO / "tests"))  # the test module imports its helpers as pytest does
     from tests.test_train_ddp import _fresh_weights, final_state, max_diff, write_config
 
     gpu = cuda_ready() and not dry
@@ -354,6 +356,36 @@ def step_monitor(work: Path, dry: bool) -> dict:
     return monitor(work, cuda_ready() and not dry, MON_TRAIN_S, MON_IDLE_S)
 
 
+@contextlib.contextmanager
+def _watched(directory: Path, job_id: str) -> Iterator[dict[str, str]]:
+    """One node agent on loopback plus the head collector into `directory`, as `dtrain run`
+    starts them on a node; yields the ranks' environment ({} when the agent did not start)."""
+    from dtrain.monitor.api import agent_argv, agent_env, agent_url
+    from dtrain.monitor.collector import Collector
+
+    directory.mkdir(parents=True, exist_ok=True)
+    agent = subprocess.Popen(agent_argv(job_id, "local", "127.0.0.1", 0, PY), stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
+    match = re.search(rb"serving http://127\.0\.0\.1:(\d+)/", agent.stdout.readline() if agent.stdout else b"")
+    if match is None:
+        agent.kill()
+        agent.wait()
+        yield {}
+        return
+    port = int(match.group(1))
+    collector = Collector(directory, {"local": agent_url("127.0.0.1", port)}, job_id=job_id).start()
+    try:
+        yield agent_env(port)
+    finally:
+        collector.stop()
+        agent.stdin.close()  # the agent ends when its stdin closes
+        try:
+            agent.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            agent.wait()
+
+
 def monitor(work: Path, gpu: bool, train_s: float, idle_s: float) -> dict:
     """The local-run monitoring of `dtrain train` (agent + collector, `watched`) around a
     ResNet-18 training on the GPU for `train_s`, then `idle_s` with the GPU idle while the
@@ -364,12 +396,10 @@ def monitor(work: Path, gpu: bool, train_s: float, idle_s: float) -> dict:
     from dtrain.monitor import findings
     from dtrain.monitor.store import Store
     from dtrain.paths import job_dir
-    from dtrain.train.launch import watched
-
     job = f"gpu-check-{int(time.time())}"
     best: dict[str, float] = {}
     idle: dict[str, float] = {}
-    with watched(job, 1, True) as env:
+    with _watched(job_dir(job), job) as env:
         if not env:
             return {"result": "FAIL", "figure": "the node agent did not start"}
         port = int(env["DTRAIN_AGENT_ADDR"].rsplit(":", 1)[1])
