@@ -9,14 +9,13 @@ boundary, exactly as botocore raises a refused request, never inside dtrain.
 
 from __future__ import annotations
 
-import subprocess
 import urllib.request
 from dataclasses import dataclass
 from typing import Callable
 
 import pytest
 
-from tests.s3 import start_moto
+from tests.s3 import start_moto, stop_moto
 
 REGION = "us-east-1"
 IMAGE = "ami-12c6146b"  # one of moto's built-in images
@@ -57,11 +56,7 @@ def ec2_server(tmp_path_factory) -> Ec2Server:
     try:
         yield Ec2Server(endpoint)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_moto(proc)
 
 
 @pytest.fixture

@@ -60,6 +60,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_moto(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def start_moto(tmp: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
     """moto's server on a free loopback port, answering; (process, endpoint)."""
     port = _free_port()
@@ -95,8 +103,4 @@ def s3_server(tmp_path_factory) -> S3Server:
         iam.put_user_policy(UserName="dtrain", PolicyName="all", PolicyDocument=json.dumps(policy))
         yield S3Server(endpoint, key["AccessKeyId"], key["SecretAccessKey"])
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_moto(proc)
