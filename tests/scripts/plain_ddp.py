@@ -52,6 +52,10 @@ def main():
         print(f"done world={world} steps={step}", flush=True)
         if args.out:
             torch.save({k: v.detach().clone() for k, v in model.module.state_dict().items()}, args.out)
+    # Every rank reaches the end before any tears gloo down: a peer closing its pairs
+    # while another is still in destroy_process_group aborts that one ("terminate
+    # called without an active exception", seen once in CI on rank 1).
+    dist.barrier()
     dist.destroy_process_group()
 
 
