@@ -54,9 +54,9 @@ class S3Server:
         return name
 
 
-def _free_port() -> int:
+def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -68,13 +68,14 @@ def stop_moto(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-def start_moto(tmp: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    """moto's server on a free loopback port, answering; (process, endpoint)."""
-    port = _free_port()
-    endpoint = f"http://127.0.0.1:{port}"
+def start_moto(tmp: Path, env: dict[str, str], host: str = "127.0.0.1") -> tuple[subprocess.Popen, str]:
+    """moto's server on a free port of `host` (loopback unless the namespace hosts must
+    reach it too), answering; (process, endpoint)."""
+    port = _free_port(host)
+    endpoint = f"http://{host}:{port}"
     log = tmp / "moto.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)],
                                 env=env or None, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while True:

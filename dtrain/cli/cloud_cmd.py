@@ -15,7 +15,8 @@ import typer
 def up(
     cluster: Path = typer.Argument(..., help="cluster.yaml with a cloud: section."),
     no_check: bool = typer.Option(False, "--no-check",
-                                  help="Return once the instances run: no wait for SSH, no preflight."),
+                                  help="Return once the instances run: no preflight (and no wait for SSH unless "
+                                  "autostop must be armed)."),
     port: int = typer.Option(29500, "--port", help="The master port the preflight checks."),
 ) -> None:
     """Rent the cluster a cloud: section describes (only the missing instances), wait for SSH, preflight.
@@ -26,6 +27,7 @@ def up(
 
     from dtrain.cluster.preflight import run_preflight
     from dtrain.cluster.providers import make_provider
+    from dtrain.cluster.providers.autostop import arm as arm_autostop
     from dtrain.cluster.providers.config import read_cloud_file
     from dtrain.cluster.providers.lifecycle import node_list, signals_unwind, wait_ssh
     from dtrain.cluster.providers.lifecycle import up as bring_up
@@ -44,9 +46,12 @@ def up(
     for node, inst in zip(nodes.nodes, instances):
         typer.echo(f"{node.name}  {inst.id}  {inst.zone}  {inst.instance_type}{' spot' if inst.spot else ''}  "
                    f"{node.host}")
-    if no_check:
+    if no_check and spec.autostop is None:
         return
     wait_ssh(spec, instances, provider)
+    arm_autostop(spec, nodes, instances, provider, typer.echo)  # before anything else can fail
+    if no_check:
+        return
     nodes = with_addresses(nodes, job_runners(nodes))
     report = run_preflight(nodes, master_port=port, timeout=60.0, out=Console())
     if not report.ok:

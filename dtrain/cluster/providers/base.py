@@ -86,5 +86,11 @@ class Provider(ABC):
         """The address the head and the other nodes reach `instance` at."""
 
     @abstractmethod
+    def node_access(self, instance: Instance) -> dict:
+        """What `instance` needs to terminate itself (autostop): JSON-able, with "provider"
+        and "instance_id"; it may hold credentials, so it only travels on stdin into a
+        0600 file on the node."""
+
+    @abstractmethod
     def price(self, instance: Instance) -> float | None:
         """This instance's price per hour in USD, None if unknown."""

@@ -11,6 +11,8 @@ cloud:
   image: ami-...
   key_name: plant-key
   spot: true
+  autostop: 30m               # the nodes terminate themselves after 30 min without a job
+  iam_instance_profile: dtrain-node   # the role they do it with (README 'Rent a cluster')
 defaults: {python: /opt/conda/bin/python, setup: ["pip install dtrain"]}
 ```
 
@@ -30,6 +32,8 @@ from dtrain.configio import StrictModel, read_mapping, validate
 from dtrain.errors import ConfigError
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smh]?)$")
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 class CloudSpec(StrictModel):
@@ -53,6 +57,22 @@ class CloudSpec(StrictModel):
     endpoint_url: str | None = None
     prices: dict[str, float] = Field({}, description="USD per instance-hour, overrides the built-in table")
     wait_timeout: float = Field(600, gt=0, description="seconds for instances to run (and to be gone)")
+    autostop: float | None = Field(None, description="'30m', '2h', '90s' (or seconds): each node terminates "
+                                   "itself after that long without a job, or without its head")
+    iam_instance_profile: str | None = Field(None, description="the instance profile the nodes run with; autostop "
+                                             "uses its role (without one, the head's credentials are handed over)")
+
+    @field_validator("autostop", mode="before")
+    @classmethod
+    def _autostop(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            match = _DURATION.match(value.strip())
+            if not match:
+                raise ValueError(f"autostop {value!r} is not a duration such as 30m, 2h or 90s")
+            value = float(match[1]) * _UNITS[match[2] or "s"]
+        if value is not None and float(value) < 30:
+            raise ValueError("autostop is at least 30s (a node must get the time to start a job)")
+        return value
 
     @field_validator("name")
     @classmethod

@@ -116,6 +116,8 @@ class Ec2Provider(Provider):
         }
         if spec.key_name:
             request["KeyName"] = spec.key_name
+        if spec.iam_instance_profile:
+            request["IamInstanceProfile"] = {"Name": spec.iam_instance_profile}
         if spec.security_group_ids:
             request["SecurityGroupIds"] = spec.security_group_ids
         if zone and zone in spec.subnet_ids:
@@ -207,6 +209,24 @@ class Ec2Provider(Provider):
                                     + ", ".join(f"{i.id} ({i.state})" for i in left),
                                     "run `dtrain down` again, or terminate them in the console")
             self._sleep(2.0)
+
+    def node_access(self, instance: Instance) -> dict:
+        """With an instance profile the node terminates itself with its role; without
+        one it gets this head's credentials (in a 0600 file on the node, see autostop)."""
+        access = {"provider": "ec2", "region": self.spec.region, "endpoint_url": self.spec.endpoint_url,
+                  "instance_id": instance.id, "credentials": None}
+        if self.spec.iam_instance_profile:
+            return access
+        import boto3
+
+        found = boto3.Session(region_name=self.spec.region).get_credentials()
+        if found is None:
+            raise ProviderError("autostop has no credentials to hand to the nodes",
+                                "set cloud.iam_instance_profile (a role allowed to terminate the cluster's "
+                                "instances), or give this head AWS credentials")
+        creds = found.get_frozen_credentials()
+        access["credentials"] = {"key": creds.access_key, "secret": creds.secret_key, "token": creds.token}
+        return access
 
     def price(self, instance: Instance) -> float | None:
         """`cloud.prices` if it names the type; for a spot instance, the zone's current

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from dtrain.cluster.providers import make_provider
+from dtrain.cluster.providers.autostop import arm
 from dtrain.cluster.providers.base import Instance, Provider, ProviderError
 from dtrain.cluster.providers.config import CloudSpec, cluster_spec, read_cloud_file
 from dtrain.cluster.providers.records import LIVE_STATES, ClusterRecords, ClusterRow
@@ -174,9 +175,11 @@ def rented_cluster(cluster_file: str | Path | None, *, release: bool, dry_run: b
         with signals_unwind():
             instances = up(spec, records, provider, echo)
             wait_ssh(spec, instances, provider)
+            nodes = node_list(spec, rest, instances, provider)
+            arm(spec, nodes, instances, provider, echo)  # refreshes the nodes' beat too
             echo(f"{spec.name}: {len(instances)} x {spec.instance_type} up in "
                  f"{', '.join(sorted({i.zone for i in instances}))}")
-            yield node_list(spec, rest, instances, provider)
+            yield nodes
     finally:
         if release:
             try:
