@@ -3,6 +3,7 @@ network-namespace hosts are the data plane (tests.ec2.DataPlane)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -80,3 +81,22 @@ def test_up_checks_the_nodes_and_run_reuses_them(rented, ec2, dtrain):
     assert len(plane.booted) == 2  # the run used the instances `up` rented
     assert ec2.states("e2e") == ["terminated", "terminated"]
 
+    # The report and the dashboard show the job's and the cluster's node-hours and cost:
+    # the instances' recorded lifetimes x the configured 1.0 USD per hour.
+    from dtrain.cluster.providers.records import ClusterRecords
+    from dtrain.jobs.registry import JobRegistry
+    from dtrain.monitor.dashboard.server import series
+    from dtrain.monitor.jobs import resolve
+
+    job = JobRegistry().list()[0]
+    folder = resolve(job.id).dir
+    report = dtrain("report", job.id)
+    assert report.returncode == 0 and "on e2e: this job" in report.stdout, report.stdout + report.stderr
+    cost = json.loads((folder / "report" / "summary.json").read_text())["cloud"]
+    lifetimes = [(i.ended_at - i.launched_at) / 3600 for i in ClusterRecords().instances("e2e")]
+    assert len(lifetimes) == 2 and abs(cost["cluster_node_hours"] - sum(lifetimes)) < 1e-9
+    assert abs(cost["cluster_cost"] - sum(lifetimes) * 1.0) < 1e-9
+    assert abs(cost["cost"] - 2 * (job.ended - job.started) / 3600 * 1.0) < 1e-9
+    assert 0 < cost["node_hours"] <= cost["cluster_node_hours"] - cost["idle_node_hours"] + 1e-9
+    assert "this job" in (folder / "report" / "report.html").read_text()
+    assert series(job.id, 0)["cost"] == cost

@@ -76,6 +76,10 @@ def report(
     typer.echo(f"wrote {target / 'report.html'} and summary.json: {tot['nodes']} nodes, {tot['ranks']} ranks, "
                f"{tot['node_hours']:.2f} node-hours, {tot['gpu_hours']:.2f} GPU-hours, "
                f"{len(summary['findings'])} findings")  # fmt: skip
+    if summary["cloud"]:  # a rented cluster's share (owner: cloud)
+        from dtrain.cluster.providers.lifecycle import job_cost_line
+
+        typer.echo(job_cost_line(summary["cloud"]))
 
 
 def register(app: typer.Typer) -> None:

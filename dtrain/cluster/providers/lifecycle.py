@@ -142,9 +142,19 @@ def signals_unwind() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+def _usd(cost: float | None) -> str:
+    return "cost unknown (set cloud.prices)" if cost is None else f"${cost:.4f}"
+
+
 def cost_line(row: ClusterRow) -> str:
-    cost = "cost unknown (set cloud.prices)" if row.cost is None else f"${row.cost:.4f}"
-    return f"{row.name}: {row.node_hours:.4f} node-hours, {cost}"
+    return f"{row.name}: {row.node_hours:.4f} node-hours, {_usd(row.cost)}"
+
+
+def job_cost_line(cost: dict) -> str:
+    """One line for a job's cost section (dtrain.cluster.providers.cost)."""
+    return (f"on {cost['cluster']}: this job {cost['node_hours']:.4f} node-hours, {_usd(cost['cost'])}; the cluster "
+            f"{cost['cluster_node_hours']:.4f} node-hours, {_usd(cost['cluster_cost'])}, "
+            f"{cost['idle_node_hours']:.4f} of them idle")
 
 
 @contextmanager

@@ -50,6 +50,17 @@ class ClusterRow:
     cost: float | None  # None when an instance's price is unknown
 
 
+@dataclass(frozen=True)
+class InstanceRow:
+    id: str
+    cluster: str
+    instance_type: str
+    zone: str
+    price: float | None  # USD per hour
+    launched_at: float
+    ended_at: float | None
+
+
 class ClusterRecords:
     def __init__(self, path: Path | None = None, clock: Callable[[], float] = time.time) -> None:
         self.path = path or dtrain_home() / "clusters.sqlite"
@@ -107,6 +118,13 @@ class ClusterRecords:
             for row in db.execute("SELECT id FROM instances WHERE cluster = ? AND ended_at IS NULL", (name,)):
                 if row["id"] not in alive:
                     db.execute("UPDATE instances SET ended_at = ? WHERE id = ?", (now, row["id"]))
+
+    def instances(self, name: str) -> list[InstanceRow]:
+        """The instances `name` ever had, in the order the provider lists them (launch
+        time, then id): a node `<name>-<k>` is the k-th of those alive at the time."""
+        with self._db() as db:
+            rows = db.execute("SELECT * FROM instances WHERE cluster = ? ORDER BY launched_at, id", (name,))
+            return [InstanceRow(**dict(r)) for r in rows]
 
     def get(self, name: str) -> ClusterRow | None:
         rows = [r for r in self.all() if r.name == name]

@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from dtrain.cluster.providers.cost import job_cost
 from dtrain.errors import DtrainError
 from dtrain.extras import require
 from dtrain.monitor import findings as rules
@@ -78,6 +79,7 @@ def series(job_id: str, since: float) -> dict[str, Any]:
             "gpus": {f"{n}/gpu{g}": _thin(s) for (n, g), s in store.gpu_series(since).items()},
             "ranks": {f"{r}": dict(_thin(s), node=n) for (n, r), s in store.rank_series(since).items()},
             "findings": [f.as_dict() for f in rules.from_store(store, end)],
+            "cost": job_cost(info.nodes, info.started, info.ended),  # None off rented clusters
         }  # fmt: skip
     finally:
         store.close()

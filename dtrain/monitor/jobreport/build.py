@@ -48,6 +48,17 @@ def _table(head: list[str], rows: list[list[str]]) -> str:
     return f"<table><tr>{th}</tr>{body}</table>"
 
 
+def _cost_rows(c: dict[str, Any] | None) -> list[list[str]]:
+    """The rented cluster's rows (dtrain.cluster.providers.cost), none for owned nodes."""
+    if not c:
+        return []
+    usd = lambda v: "unknown (set cloud.prices)" if v is None else f"${v:.2f}"  # noqa: E731
+    return [["cluster", f"{c['cluster']} ({c['provider']}, {c['instance_type']})"],
+            ["this job", f"{c['node_hours']:.3f} node-hours, {usd(c['cost'])}"],
+            ["the cluster so far", f"{c['cluster_node_hours']:.3f} node-hours, {usd(c['cluster_cost'])}, "
+                                   f"{c['idle_node_hours']:.3f} idle"]]
+
+
 def _html(s: dict[str, Any], plots: dict[str, str]) -> str:
     tot, job = s["totals"], s["job"]
     when = "–" if s["start"] is None else time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(s["start"]))
@@ -59,7 +70,7 @@ def _html(s: dict[str, Any], plots: dict[str, str]) -> str:
         ["mean GPU utilisation", _pct(tot["mean_gpu_utilization"])],
         ["steps / samples", f"{tot['steps']} / {tot['samples']}"], ["samples/s", _f(tot["samples_per_s"])],
         ["time lost to data waits", f"{tot['data_wait_s']:.1f} rank-s ({_pct(tot['data_wait_fraction'])} of step time)"],
-    ])  # fmt: skip
+    ] + _cost_rows(s.get("cloud")))  # fmt: skip
     nodes = _table(
         ["node", "state", "CPU", "job CPU", "memory", "net in", "net out", "disk read", "disk write", "GPUs"],
         [[name, str(n.get("state") or "–"), _pct(n.get("cpu_mean")), _pct(n.get("job_cpu_mean")),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from dtrain.cluster.providers.cost import job_cost
 from dtrain.monitor import findings as rules
 from dtrain.monitor.jobs import JobInfo
 from dtrain.monitor.store import Store
@@ -107,4 +108,6 @@ def summarize(store: Store, job: JobInfo) -> dict[str, Any]:
             "data_wait_fraction": total_wait / total_step if total_step else None,
         },
         "findings": [f.as_dict() for f in found],
+        # node-hours and cost on a rented cluster (None elsewhere); owner: cloud
+        "cloud": job_cost(job.nodes, job.started, job.ended),
     }

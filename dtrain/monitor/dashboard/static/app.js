@@ -85,6 +85,7 @@ function merge(into, fresh) {
   into.job = fresh.job;
   into.states = fresh.states;
   into.findings = fresh.findings;
+  into.cost = fresh.cost;
 }
 
 function draw(charts) {
@@ -131,6 +132,14 @@ function drawStatus() {
   nodes.replaceChildren();
   for (const n of d.states || []) {
     nodes.append(el("span", { className: "badge " + n.state }, `${n.node}: ${n.state.replace("_", " ")}`));
+  }
+  const c = d.cost;  // a rented cluster's (dtrain.cluster.providers.cost); null on owned nodes
+  if (c) {
+    const usd = (v) => (v === null ? "cost unknown" : `$${v.toFixed(2)}`);
+    nodes.append(el("div", { id: "cost" },
+      `${c.cluster} (${c.instance_type}): this job ${c.node_hours.toFixed(3)} node-hours, ${usd(c.cost)}; ` +
+      `the cluster ${c.cluster_node_hours.toFixed(3)} node-hours, ${usd(c.cluster_cost)}, ` +
+      `${c.idle_node_hours.toFixed(3)} idle`));
   }
   const ul = document.getElementById("findings");
   ul.replaceChildren();
