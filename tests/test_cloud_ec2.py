@@ -148,6 +148,30 @@ def test_one_up_at_a_time_and_a_missing_image_rents_nothing(ec2, dtrain_home):
     assert ec2.states("locked") == []
 
 
+def test_the_image_by_ssm_parameter_or_by_name(ec2, dtrain_home):
+    """How a Deep Learning AMI is found: the public parameter AWS keeps pointing at the
+    newest one, or the newest Amazon image whose name matches."""
+    import boto3
+
+    ssm = boto3.client("ssm", endpoint_url=ec2.endpoint, region_name=REGION)
+    ssm.put_parameter(Name="/test/deeplearning/ami-id", Value=IMAGE, Type="String")
+    for image, expected in (("ssm:/test/deeplearning/ami-id", IMAGE), ("name:Deep Learning AMI Ubuntu*", None)):
+        cloud = spec(ec2, image[:3], count=1, image=image)
+        said: list[str] = []
+        made = up(cloud, ClusterRecords(), provider(ec2, cloud, echo=said.append), said.append)
+        raw = ec2.client().describe_instances(InstanceIds=[made[0].id])["Reservations"][0]["Instances"][0]
+        name = ec2.client().describe_images(ImageIds=[raw["ImageId"]])["Images"][0]["Name"]
+        if expected:
+            assert raw["ImageId"] == expected
+        else:
+            assert name.startswith("Deep Learning AMI Ubuntu"), name
+        assert said == [f"image {image} is {raw['ImageId']} ({name})"]
+    missing = spec(ec2, "no-image", count=1, image="ssm:/test/nothing-here")
+    with pytest.raises(ProviderError, match="ParameterNotFound"):
+        up(missing, ClusterRecords(), provider(ec2, missing))
+    assert ec2.states("no-image") == []
+
+
 def test_a_zone_without_capacity_moves_on_to_the_next(ec2, dtrain_home):
     cloud = spec(ec2, "zones")
     said: list[str] = []
@@ -276,11 +300,13 @@ def test_spot_instances_cost_the_spot_price_unless_prices_say_otherwise(ec2, dtr
     assert provider(ec2, on_demand).price(up(on_demand, ClusterRecords(), provider(ec2, on_demand))[0]) == 1.006
 
 
-_BASE = "name: a, count: 1, region: r, instance_type: t, image: i"
+_BASE = "name: a, count: 1, region: r, instance_type: t, image: ami-1"
 
 
 @pytest.mark.parametrize(("text", "says"), [
-    ("cloud: {name: a, count: 1, region: r, instance_typ: t, image: i}", "did you mean 'instance_type'"),
+    ("cloud: {name: a, count: 1, region: r, instance_typ: t, image: ami-1}", "did you mean 'instance_type'"),
+    ("cloud: {name: a, count: 1, region: r, instance_type: t, image: ubuntu}", "ssm:PARAMETER or name:PATTERN"),
+    (f"cloud: {{{_BASE}, autostop: 10s}}", "autostop is at least 30s"),
     (f"cloud: {{{_BASE}, provider: ec3}}", "did you mean 'ec2'"),
     (f"cloud: {{{_BASE}}}\ndefaults: {{pyton: x}}", "did you mean 'defaults.python'"),
     (f"cloud: {{{_BASE}, max_price: 1}}", "spot instances only"),
@@ -302,4 +328,5 @@ def test_the_readme_cloud_yaml_is_valid(tmp_path):
     path.write_text(text)
     spec, rest = read_cloud_file(path)
     assert spec.instance_type == "g5.xlarge" and spec.spot and spec.provider == "ec2"
+    assert spec.autostop == 1800 and spec.image.startswith("ssm:/aws/service/deeplearning/ami/")
     assert rest["defaults"]["python"] == "/opt/pytorch/bin/python"

@@ -43,7 +43,7 @@ class CloudSpec(StrictModel):
     region: str
     zones: list[str] = Field([], description="tried in order; empty: the cloud (or the subnet) picks")
     instance_type: str
-    image: str
+    image: str = Field(description="ami-..., ssm:/aws/service/... (a public parameter) or name:PATTERN (Amazon's newest)")
     key_name: str | None = None
     security_group_ids: list[str] = []
     subnet_ids: dict[str, str] = Field({}, description="zone -> subnet id (the subnet fixes the zone)")
@@ -80,6 +80,13 @@ class CloudSpec(StrictModel):
         if not _NAME.match(name):
             raise ValueError("a cloud cluster name is lower-case letters, digits and '-' (at most 40)")
         return name
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, image: str) -> str:
+        if not image.startswith(("ami-", "ssm:", "name:")):
+            raise ValueError("image is an id (ami-...), ssm:PARAMETER or name:PATTERN (README 'Rent a cluster')")
+        return image
 
     @field_validator("provider")
     @classmethod

@@ -53,6 +53,7 @@ class Ec2Provider(Provider):
         self._sleep = sleep
         self._echo = echo
         self._attempts = attempts
+        self._resolved: tuple[str, str] | None = None
 
     @property
     def client(self) -> Any:
@@ -103,12 +104,13 @@ class Ec2Provider(Provider):
 
     def _run(self, cluster: str, token: str, zone: str | None, need: int, first: int) -> list[Instance]:
         spec = self.spec
+        image, root_device = self._image()
         request: dict[str, Any] = {
-            "ImageId": spec.image, "InstanceType": spec.instance_type, "MinCount": need, "MaxCount": need,
+            "ImageId": image, "InstanceType": spec.instance_type, "MinCount": need, "MaxCount": need,
             # The same token for the same step of the same record: a retried request that
             # EC2 already served returns the first answer instead of a second set.
             "ClientToken": f"{token}-{zone or 'any'}-{first}",
-            "BlockDeviceMappings": [{"DeviceName": self._root_device(), "Ebs": {
+            "BlockDeviceMappings": [{"DeviceName": root_device, "Ebs": {
                 "VolumeSize": spec.disk_gb, "VolumeType": "gp3", "DeleteOnTermination": True}}],
             "TagSpecifications": [{"ResourceType": "instance", "Tags": [
                 {"Key": TAG_CLUSTER, "Value": cluster}, {"Key": TAG_TOKEN, "Value": token},
@@ -138,19 +140,43 @@ class Ec2Provider(Provider):
         reply = self._call("run_instances", **request)
         return [_instance(raw, cluster) for raw in reply["Instances"]]
 
-    def _root_device(self) -> str:
-        """The image's root device: `disk_gb` resizes it (another name would add a
-        second, unused volume: Ubuntu images say /dev/sda1, Amazon Linux /dev/xvda)."""
+    def _image(self) -> tuple[str, str]:
+        """(image id, its root device) for `cloud.image`: an id, `ssm:PARAMETER` (the
+        id a public parameter holds: AWS publishes the newest Deep Learning AMIs so), or
+        `name:PATTERN` (the newest image of Amazon's whose name matches). The root
+        device is what `disk_gb` resizes (another name would add a second, unused volume:
+        Ubuntu images say /dev/sda1, Amazon Linux /dev/xvda)."""
+        if self._resolved is not None:
+            return self._resolved
+        wanted = self.spec.image
         try:
-            images = self._call("describe_images", ImageIds=[self.spec.image])["Images"]
+            if wanted.startswith("ssm:"):
+                wanted = self._ssm().get_parameter(Name=wanted[4:])["Parameter"]["Value"]
+            if wanted.startswith("name:"):
+                images = self._call("describe_images", Owners=["amazon"],
+                                    Filters=[{"Name": "name", "Values": [wanted[5:]]}])["Images"]
+                images = sorted(images, key=lambda i: i.get("CreationDate", ""))[-1:]
+            else:
+                images = self._call("describe_images", ImageIds=[wanted])["Images"]
         except _ClientError as exc:
             images, why = [], f"{_code(exc)}: {_message(exc)}"
         else:
             why = "no such image"
         if not images:
             raise ProviderError(f"image {self.spec.image} is not available in {self.spec.region} ({why})",
-                                "images are per region: look up the id for this region (README 'Rent a cluster')")
-        return str(images[0].get("RootDeviceName", "/dev/sda1"))
+                                "images are per region: look up the id, parameter or name for this region "
+                                "(README 'Rent a cluster')")
+        self._resolved = (str(images[0]["ImageId"]), str(images[0].get("RootDeviceName", "/dev/sda1")))
+        if self._resolved[0] != self.spec.image:
+            self._echo(f"image {self.spec.image} is {self._resolved[0]} ({images[0].get('Name', '')})")
+        return self._resolved
+
+    def _ssm(self) -> Any:
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client("ssm", region_name=self.spec.region, endpoint_url=self.spec.endpoint_url,
+                            config=Config(retries={"mode": "standard"}))
 
     def wait(self, cluster: str, count: int, timeout: float) -> list[Instance]:
         deadline = time.monotonic() + timeout
