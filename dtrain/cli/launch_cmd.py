@@ -52,10 +52,13 @@ def register(app: typer.Typer) -> None:
         no_sync: bool = typer.Option(False, "--no-sync", help="Do not copy the working directory."),
         no_monitor: bool = typer.Option(False, "--no-monitor", help="Do not start the node agents."),
         down: bool = typer.Option(False, "--down", help="Rented cluster: terminate it when the job ends."),
+        max_replacements: int = typer.Option(0, "--max-replacements",
+                                             help="Rented cluster, elastic: replace up to K lost instances."),
         slurm_partition: Optional[str] = typer.Option(None, "--slurm-partition", help="Submit to this Slurm partition."),
         slurm_nodes: Optional[int] = typer.Option(None, "--nodes", help="Slurm nodes to allocate."),
     ) -> None:
         from dtrain.cluster.providers.lifecycle import rented_cluster
+        from dtrain.cluster.providers.replace import replacer_for
         from dtrain.cluster.spec import cluster_from_args
         from dtrain.errors import ConfigError
         from dtrain.launch.cli_support import job_from, print_and_exit
@@ -83,7 +86,8 @@ def register(app: typer.Typer) -> None:
         with rented_cluster(cluster_file, release=down, dry_run=dry_run, echo=typer.echo) as rented:
             cluster = rented or cluster_from_args(cluster_file, hosts, ssh_config=ssh_config, default_local=True)
             started = start(job, cluster, out=sys.stdout, run_preflight=not no_preflight,
-                            dry_run=dry_run, detach=detach)
+                            dry_run=dry_run, detach=detach,
+                            replacer=replacer_for(cluster_file, job, max_replacements, detach, typer.echo))
         print_and_exit(started.exit_status)
 
     @app.command("jobs")

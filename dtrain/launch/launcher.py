@@ -82,6 +82,7 @@ def start(
     registry: JobRegistry | None = None,
     head_cwd: str | None = None,
     on_job: Callable[[str], None] | None = None,
+    replacer: Callable | None = None,
 ) -> Started:
     """Plan the job, then print the plan (`dry_run`) or execute it. `on_job` hears the
     job's id before it is executed (e.g. to tell the user how to watch a local run)."""
@@ -105,7 +106,7 @@ def start(
             return Started(job_id, plan, 0)
         if on_job is not None:
             on_job(job_id)
-        outcome, pid = _execute(plan, cluster, job, runners, registry, out=out, detach=detach)
+        outcome, pid = _execute(plan, cluster, job, runners, registry, out=out, detach=detach, replacer=replacer)
         handed_over = pid is not None
     finally:
         if not handed_over:
@@ -116,7 +117,7 @@ def start(
 
 
 def _execute(plan: LaunchPlan, cluster, job: JobSpec, runners: dict, registry: JobRegistry, *, out: TextIO,
-             detach: bool):
+             detach: bool, replacer: Callable | None = None):
     """Register the job, prepare the nodes, write job.json (the plan, unchanged) and run
     it here (-> its Outcome, None) or under a detached supervisor (-> None, its pid)."""
     job_id = plan.job_id
@@ -146,7 +147,7 @@ def _execute(plan: LaunchPlan, cluster, job: JobSpec, runners: dict, registry: J
                       f"  follow it: dtrain logs {job_id} -f    stop it: dtrain stop {job_id}\n")
             return None, pid
         out.write(f"[dtrain] job {job_id}: {len(plan.nodes)} node(s), world size {plan.world_size}\n")
-        return supervise(job_id, out=out, registry=registry, runners=runners, plan=plan), None
+        return supervise(job_id, out=out, registry=registry, runners=runners, plan=plan, replacer=replacer), None
     finally:
         if sync is not None and not handed_over:
             sync.remove()  # (the session removed it already once every node had looked)

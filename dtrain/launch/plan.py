@@ -184,6 +184,11 @@ def _node_env(job, node, rank, nodes, addrs, job_id, scratch, ifname) -> dict[st
     if ifname:
         env.setdefault("GLOO_SOCKET_IFNAME", ifname)
         env.setdefault("NCCL_SOCKET_IFNAME", ifname)
+    if job.rdzv == "elastic":
+        # torch's agents share one TCPStore and keep its address from their first round: a
+        # node joining a later round (a replaced instance, a late node) would wait for a
+        # MASTER_ADDR that nobody writes again. Unshared, every round publishes it anew.
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     if job.rdzv == "elastic" and uses_dtrain_trainer(job.command):
         env["DTRAIN_AUTO_RESUME"] = "1"  # a restarted worker group continues from last.pt
     if job.tf_config:

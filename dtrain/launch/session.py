@@ -16,6 +16,7 @@ If the wrapper cannot be reached, the local ssh/child process is terminated afte
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import queue
 import re
@@ -85,6 +86,7 @@ class JobSession:
         out: TextIO,
         clock: Callable[[], float] = time.monotonic,
         min_nodes: int | None = None,
+        replacer: Callable | None = None,
     ) -> None:
         self.plan = plan
         self.runners = runners
@@ -103,6 +105,10 @@ class JobSession:
         self.sync = for_plan(plan, self._say)
         self._to_look = {n.name for n in plan.nodes if n.sync_at_launch}
         self._synced: set[str] = set()
+        # Elastic recovery on a rented cluster (dtrain.cluster.providers.replace): a lost
+        # node's replacement is made in a thread; the loop launches it when it is ready.
+        self.replacer = replacer
+        self._replacing: dict[str, dict] = {}
 
     # -- control from outside (signal handlers, `dtrain stop`) --------------------------
 
@@ -173,7 +179,8 @@ class JobSession:
             elif now >= self._next_keepalive:
                 self._keepalive()
                 self._next_keepalive = now + KEEPALIVE
-            if all(n.end.exit_code is not None for n in self.nodes.values()):
+            self._launch_replacements()
+            if all(n.end.exit_code is not None for n in self.nodes.values()) and not self._replacing:
                 break
         return self._outcome(failure, hang)
 
@@ -223,8 +230,11 @@ class JobSession:
                     pass  # the node is going away; its exit is handled by the loop
 
     def _on_node_failure(self, node: _Node) -> str | None:
-        """Fail fast, unless an elastic job can go on with the nodes it still has."""
+        """Fail fast, unless an elastic job can go on with the nodes it still has, or
+        with a replacement for the lost one."""
         alive = [n for n in self.nodes.values() if n.end.exit_code is None]
+        if self._replace(node, alive):
+            return None
         if self.plan.rdzv == "elastic" and len(alive) >= self.min_nodes and not node.end.connection_lost:
             self._say(f"[dtrain] node {node.launch.name} left the job (exit {node.end.exit_code}); "
                       f"{len(alive)} node(s) continue")
@@ -235,6 +245,61 @@ class JobSession:
         if alive:
             self._say(f"[dtrain] {reason}")
         return reason
+
+    def _replace(self, node: _Node, alive: list[_Node]) -> bool:
+        """Start making a replacement for `node` if it is lost (its connection, not just
+        its workers: torchrun restarts those) and this job may have one: elastic, a
+        replacer with replacements left, not the master (it holds the rendezvous)."""
+        name = node.launch.name
+        if (self.plan.rdzv != "elastic" or self.replacer is None or self.replacer.left <= 0 or not alive
+                or not node.end.connection_lost or name == self.plan.nodes[0].name
+                or self.stop_reason is not None):
+            return False
+        self.replacer.left -= 1
+        self._say(f"[dtrain] node {name} lost (exit {node.end.exit_code}); replacing it "
+                  f"({self.replacer.left} more replacement(s) allowed), the other nodes wait in the rendezvous")
+        job = {"lost": node, "at": time.time()}
+
+        def make() -> None:
+            try:
+                job["made"] = self.replacer(node.launch, self.plan)
+            except Exception as exc:  # the loop fails the job with it
+                job["error"] = f"replacing {name} failed: {exc}".splitlines()[0]
+
+        job["thread"] = threading.Thread(target=make, daemon=True)
+        job["thread"].start()
+        self._replacing[name] = job
+        return True
+
+    def _launch_replacements(self) -> None:
+        for name, job in list(self._replacing.items()):
+            if job["thread"].is_alive():
+                continue
+            del self._replacing[name]
+            if self.stop_reason is not None:  # the job ends anyway; `--down` ends the instance
+                if "made" in job:
+                    job["made"][1].close_job()
+                continue
+            if "error" in job:
+                self._stop_state = "failed"
+                self.stop(job["error"])
+                self._say(f"[dtrain] {job['error']}")
+                continue
+            launch, runner = job["made"]
+            self._record_replacement(name, job["lost"], launch, job["at"])
+            job["lost"].log.close()
+            self.runners[name].close_job()  # the lost machine's shared connection
+            self.runners[name] = runner  # (the launcher closes the runners it handed in, this one too)
+            self.plan = dataclasses.replace(self.plan, nodes=[launch if n.name == name else n for n in self.plan.nodes])
+            self.watchdog.restart(self.clock())
+            self._start(launch, self.job_dir / "logs")
+
+    def _record_replacement(self, name: str, lost: _Node, launch, at: float) -> None:
+        """One line per replacement in `replacements.jsonl` (the report reads it)."""
+        event = {"node": name, "lost_at": at, "replaced_at": time.time(), "old_address": lost.launch.address,
+                 "new_address": launch.address, "exit": lost.end.exit_code}
+        with open_private(self.job_dir / "replacements.jsonl", "a") as fh:
+            fh.write(json.dumps(event) + "\n")
 
     def _drain(self, timeout: float) -> None:
         try:

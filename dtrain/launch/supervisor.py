@@ -63,14 +63,14 @@ def _signals_stop(session: JobSession):
 
 def supervise(job_id: str, *, out: TextIO, registry: JobRegistry | None = None,
               runners: dict | None = None, plan: LaunchPlan | None = None,
-              secret_values: dict[str, str] | None = None) -> Outcome:
+              secret_values: dict[str, str] | None = None, replacer=None) -> Outcome:
     """Drive the job to its end. `runners` and `plan` come from the foreground `dtrain
     run` (which owns the runners' shared connections); a detached supervisor reads the
     job file (its secret values come in `secret_values`) and opens - and closes - its own."""
     registry = registry or JobRegistry()
     directory = job_dir(job_id)
     if runners is not None and plan is not None:
-        return _supervise(job_id, plan, runners, directory, out=out, registry=registry)
+        return _supervise(job_id, plan, runners, directory, out=out, registry=registry, replacer=replacer)
     plan, cluster, _ = read_job_file(directory, secret_values)
     runners = job_runners(cluster, job_id)
     try:
@@ -80,10 +80,10 @@ def supervise(job_id: str, *, out: TextIO, registry: JobRegistry | None = None,
 
 
 def _supervise(job_id: str, plan: LaunchPlan, runners: dict, directory: Path, *, out: TextIO,
-               registry: JobRegistry) -> Outcome:
+               registry: JobRegistry, replacer=None) -> Outcome:
     registry.set_supervisor(job_id, os.getpid())
     registry.mark_running(job_id)
-    session = JobSession(plan, runners, directory, out=out)
+    session = JobSession(plan, runners, directory, out=out, replacer=replacer)
     outcome: Outcome | None = None
     try:
         with _signals_stop(session):

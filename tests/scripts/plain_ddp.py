@@ -2,7 +2,9 @@
 
 Plain init_process_group, DistributedSampler and DDP; it reads only torchrun's
 environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT via env://).
-Rank 0 writes the final parameters to --out.
+Rank 0 writes the final parameters to --out. With --ckpt it resumes from that
+checkpoint if it exists (printing `start world=W epoch=E`) and rank 0 saves it after
+every epoch (`saved epoch E world=W`): what an elastic restart needs to go on.
 """
 
 import argparse
@@ -22,6 +24,7 @@ def main():
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds per step")
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--fail-step", type=int, default=-1)
+    parser.add_argument("--ckpt", default="")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -34,8 +37,16 @@ def main():
     loader = DataLoader(data, batch_size=16, sampler=sampler)
     model = DDP(torch.nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    first = 0
+    if args.ckpt and os.path.exists(args.ckpt):
+        state = torch.load(args.ckpt)
+        model.module.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        first = state["epoch"] + 1
+    if args.ckpt and rank == 0:
+        print(f"start world={world} epoch={first}", flush=True)
     step = 0
-    for epoch in range(args.epochs):
+    for epoch in range(first, args.epochs):
         sampler.set_epoch(epoch)
         for xb, yb in loader:
             if rank == args.fail_rank and step == args.fail_step:
@@ -48,6 +59,13 @@ def main():
                 print(f"epoch {epoch} step {step} loss {loss.item():.4f}", flush=True)
             step += 1
             time.sleep(args.sleep)
+        if args.ckpt:
+            if rank == 0:
+                state = {"model": model.module.state_dict(), "opt": opt.state_dict(), "epoch": epoch}
+                torch.save(state, args.ckpt + ".tmp")
+                os.replace(args.ckpt + ".tmp", args.ckpt)
+                print(f"saved epoch {epoch} world={world}", flush=True)
+            dist.barrier()
     if rank == 0:
         print(f"done world={world} steps={step}", flush=True)
         if args.out:

@@ -43,7 +43,8 @@ class CloudSpec(StrictModel):
     region: str
     zones: list[str] = Field([], description="tried in order; empty: the cloud (or the subnet) picks")
     instance_type: str
-    image: str = Field(description="ami-..., ssm:/aws/service/... (a public parameter) or name:PATTERN (Amazon's newest)")
+    image: str = Field(description="ami-..., ssm:/aws/service/... (a public parameter), or name:PATTERN "
+                                   "(Amazon's newest image by that name)")
     key_name: str | None = None
     security_group_ids: list[str] = []
     subnet_ids: dict[str, str] = Field({}, description="zone -> subnet id (the subnet fixes the zone)")

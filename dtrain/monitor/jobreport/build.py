@@ -86,6 +86,10 @@ def _html(s: dict[str, Any], plots: dict[str, str]) -> str:
          for r, v in s["ranks"].items()],
     )  # fmt: skip
     findings = "".join(f"<li class=finding>{html.escape(f['message'])}</li>" for f in s["findings"])
+    findings += "".join(
+        f"<li class=finding>{html.escape(r['node'])} was lost (exit {r['exit']}) and replaced: {r['old_address']} "
+        f"-&gt; {r['new_address']}, back in the job after {r['replaced_at'] - r['lost_at']:.0f} s</li>"
+        for r in s.get("replacements", []))
     figs = "".join(f"<h3>{html.escape(t)}</h3><img src='{html.escape(n)}' alt='{html.escape(t)}'>" for t, n in plots.items())
     title = html.escape(f"dtrain job {job['id']}" + (f" ({job['name']})" if job.get("name") else ""))
     return f"""<!doctype html><html><head><meta charset=utf-8><title>{title}</title><style>

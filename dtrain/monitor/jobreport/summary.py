@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 from typing import Any
 
@@ -110,4 +111,11 @@ def summarize(store: Store, job: JobInfo) -> dict[str, Any]:
         "findings": [f.as_dict() for f in found],
         # node-hours and cost on a rented cluster (None elsewhere); owner: cloud
         "cloud": job_cost(job.nodes, job.started, job.ended),
+        "replacements": _replacements(job.dir),
     }
+
+
+def _replacements(job_dir) -> list[dict[str, Any]]:
+    """Nodes replaced mid-job on a rented cluster, one JSON line each (launch.session)."""
+    path = job_dir / "replacements.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.is_file() else []
