@@ -52,6 +52,11 @@ def test_plain_torchrun_script_on_a_two_node_allocation(slurm_cluster, dtrain_ho
     rec = status(slurm_cluster, job_id)
     assert rec["state"] == "succeeded" and rec["world_size"] == 4 and rec["nodes"] == ["h1", "h2"], rec
     assert rec["extra"]["slurm_job_id"].isdigit()
+    # one launch path: job.json holds the plan (its batch script is what sbatch ran) and Slurm's id
+    saved = json.loads((dtrain_home / "jobs" / job_id / "job.json").read_text())
+    assert set(saved) == {"plan", "cluster", "job", "slurm_job_id"}, saved.keys()
+    assert saved["slurm_job_id"] == rec["extra"]["slurm_job_id"]
+    assert saved["plan"]["batch"]["script"] == (dtrain_home / "jobs" / job_id / "job.sbatch").read_text()
     assert not wait_gone(job_id)
     # the node agents ran beside the ranks and the head collected them: dtrain report works
     store = Store.for_job(dtrain_home / "jobs" / job_id, readonly=True)

@@ -3,12 +3,16 @@ Slurm's job states and the partition check (no Slurm needed)."""
 
 from __future__ import annotations
 
+import io
+import json
 import subprocess
 
 import pytest
 
 from dtrain.errors import ConfigError
 from dtrain.jobs.registry import JobState
+from dtrain.launch.launcher import start
+from dtrain.launch.plan import LaunchPlan
 from dtrain.launch.slurm import SlurmCluster, SlurmSpec, batch_script, slurm_from_args
 from dtrain.launch.slurm_job import check_request, first_task_error, minutes, parse_job
 from dtrain.launch.spec import JobSpec
@@ -136,3 +140,16 @@ def test_the_first_failing_node_is_read_from_sruns_report(tmp_path):
                    "srun: error: h1: task 0: Killed\n")
     assert first_task_error(log) == "h2 (Exited with exit code 1)"
     assert first_task_error(tmp_path / "missing.log") == ""
+
+
+def test_the_dry_run_prints_the_plans_batch_script_and_the_plan_round_trips(dtrain_home):
+    out = io.StringIO()
+    job = JobSpec(command=["python", "train.py"])
+    started = start(job, cluster(), out=out, dry_run=True, head_cwd="/w")
+    plan = started.plan
+    assert out.getvalue() == plan.batch.script == batch_script(
+        job, cluster(), started.job_id, workdir="/shared/my job",
+        output=str(dtrain_home / "jobs" / started.job_id / "output.log"))
+    assert plan.world_size == 8 and plan.nodes == [] and plan.batch.scheduler == "slurm"
+    assert LaunchPlan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
+    assert not (dtrain_home / "jobs" / started.job_id).exists()  # a dry run creates nothing

@@ -72,16 +72,11 @@ def register(app: typer.Typer) -> None:
             monitor=False if no_monitor else None,
         )
         slurm = slurm_from_args(cluster_file, hosts, slurm_partition, slurm_nodes)
-        if slurm is not None:
-            from dtrain.launch.slurm_job import submit
-
-            print_and_exit(submit(job, slurm, out=sys.stdout, dry_run=dry_run, detach=detach).exit_status)
-            return
         if down and detach:
             raise ConfigError("--down and --detach together would release the cluster under the running job",
                               "drop one of them")
         with rented_cluster(cluster_file, release=down, dry_run=dry_run, echo=typer.echo) as rented:
-            cluster = rented or cluster_from_args(cluster_file, hosts, ssh_config=ssh_config, default_local=True)
+            cluster = slurm or rented or cluster_from_args(cluster_file, hosts, ssh_config=ssh_config, default_local=True)
             started = start(job, cluster, out=sys.stdout, run_preflight=not no_preflight,
                             dry_run=dry_run, detach=detach)
         print_and_exit(started.exit_status)

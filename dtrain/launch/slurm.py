@@ -31,8 +31,11 @@ from pydantic import Field, field_validator
 
 from dtrain.configio import StrictModel, load_config, validate
 from dtrain.errors import ConfigError
+from dtrain.jobs import secrets
 from dtrain.launch.node import MARK
+from dtrain.launch.plan import BatchJob, LaunchPlan
 from dtrain.launch.spec import JobSpec, torchrun_target
+from dtrain.paths import dtrain_home
 
 # srun --wait: once one task ended, the others get this long before Slurm ends the step
 # (a task that exits 0 early must not leave its peers blocked in a collective forever).
@@ -121,6 +124,23 @@ def slurm_from_args(cluster_file: str | Path | None, hosts: str | None, partitio
         return validate(SlurmCluster, {"slurm": flags, "defaults": {"python": sys.executable}}, "--slurm-partition")
     base = load_config(SlurmCluster, cluster_file)
     return validate(SlurmCluster, {**base.model_dump(), "slurm": {**base.slurm.model_dump(), **flags}}, "--nodes")
+
+
+def slurm_plan(job: JobSpec, cluster: SlurmCluster, job_id: str, *, head_cwd: str) -> LaunchPlan:
+    """The frozen plan of a Slurm job: its batch script, which writes the job's output
+    into the registry's job directory (`output.log`, as for every other backend)."""
+    output = dtrain_home() / "jobs" / job_id / "output.log"  # planning creates nothing
+    script = batch_script(job, cluster, job_id, workdir=cluster.defaults.workdir or head_cwd, output=str(output),
+                          secret=secret_names(job, cluster))
+    nodes = cluster.slurm.nodes
+    return LaunchPlan(job_id=job_id, name=job.display_name(), rdzv="elastic", master_addr="", master_port=job.port,
+                      nnodes=(nodes, nodes), hang_timeout=job.hang_timeout, grace=job.grace,
+                      batch=BatchJob("slurm", script, nodes, nproc_per_node(job, cluster.slurm)))
+
+
+def secret_names(job: JobSpec, cluster: SlurmCluster) -> frozenset[str]:
+    """The env names kept out of the script: they reach the job through sbatch's environment."""
+    return frozenset(job.secret_env) | frozenset(secrets.secret_names({**cluster.defaults.env, **job.env}))
 
 
 def nproc_per_node(job: JobSpec, spec: SlurmSpec) -> int:

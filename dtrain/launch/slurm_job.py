@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import TextIO
 
 from dtrain.errors import ConfigError, DtrainError, ExitStatus, JobFailed
-from dtrain.jobs import secrets
-from dtrain.jobs.registry import JobRecord, JobRegistry, JobState, new_job_id
-from dtrain.launch.slurm import SlurmCluster, SlurmSpec, batch_script, nproc_per_node
+from dtrain.jobs.registry import JobRecord, JobRegistry, JobState
+from dtrain.launch.plan import LaunchPlan
+from dtrain.launch.slurm import SlurmCluster, SlurmSpec, secret_names
 from dtrain.launch.spec import JobSpec
-from dtrain.paths import dtrain_home, job_dir
+from dtrain.launch.supervisor import spawn, write_job_file
+from dtrain.paths import job_dir
 
 # Slurm's job states (squeue/scontrol/sacct spelling) -> dtrain's.
 _LIVE = {"PENDING": JobState.PENDING, "CONFIGURING": JobState.PENDING, "REQUEUED": JobState.PENDING,
@@ -173,47 +174,33 @@ def minutes(value: str) -> float | None:
     return parts[0] + (parts[1] / 60 if len(parts) == 2 else 0)
 
 
-@dataclass
-class Submitted:
-    job_id: str
-    slurm_id: str
-    exit_status: int
-
-
-def submit(job: JobSpec, cluster: SlurmCluster, *, out: TextIO, client: SlurmClient | None = None,
-           dry_run: bool = False, detach: bool = False, registry: JobRegistry | None = None,
-           head_cwd: str | None = None, poll: float = 1.0) -> Submitted:
-    """`dtrain run` on Slurm: print the batch script (`dry_run`), or check, submit and
-    follow the job to its end (or return at once with `detach`)."""
+def execute(plan: LaunchPlan, job: JobSpec, cluster: SlurmCluster, *, registry: JobRegistry, out: TextIO,
+            detach: bool = False, client: SlurmClient | None = None, poll: float = 1.0) -> int:
+    """Submit the plan's batch script (the job is registered and its job.json written
+    already) and follow the job to its end -> the exit status; with `detach`, return at
+    once and leave a watcher process to follow it (so the head still collects the node
+    agents' metrics for `dtrain report`)."""
     client = client or SlurmClient()
-    workdir = cluster.defaults.workdir or head_cwd or os.getcwd()
-    secret = frozenset(job.secret_env) | frozenset(secrets.secret_names({**cluster.defaults.env, **job.env}))
-    if dry_run:
-        job_id = new_job_id(time.time())
-        output = str(dtrain_home() / "jobs" / job_id / "output.log")  # a dry run creates nothing
-        out.write(batch_script(job, cluster, job_id, workdir=workdir, output=output, secret=secret))
-        return Submitted(job_id, "", 0)
-    check_request(cluster.slurm, client.partitions())
-    registry = registry or JobRegistry()
-    job_id = new_job_id(registry.clock())
-    directory = job_dir(job_id)
+    job_id, directory = plan.job_id, job_dir(plan.job_id)
     script = directory / "job.sbatch"
-    script.write_text(batch_script(job, cluster, job_id, workdir=workdir, output=str(directory / "output.log"),
-                                   secret=secret))
+    script.write_text(plan.batch.script)
     # Secret values reach the job through sbatch's environment (it exports the submitter's).
+    secret = secret_names(job, cluster)
     env = {**os.environ, **{k: v for k, v in {**cluster.defaults.env, **job.env}.items() if k in secret}}
-    world = cluster.slurm.nodes * nproc_per_node(job, cluster.slurm)
-    registry.create(job.display_name(), [], world, directory, job_id=job_id)
     try:
         slurm_id = client.submit(script, env)
     except DtrainError as exc:
         registry.finish(job_id, JobState.FAILED, 1, f"sbatch refused the job: {exc.message}")
         raise
     registry.update(job_id, extra={"scheduler": "slurm", "slurm_job_id": slurm_id})
-    out.write(f"[dtrain] job {job_id}: Slurm job {slurm_id}, {cluster.slurm.nodes} node(s), world size {world}\n")
+    write_job_file(directory, plan, cluster, job, extra={"slurm_job_id": slurm_id})
+    out.write(f"[dtrain] job {job_id}: Slurm job {slurm_id}, {plan.batch.nodes} node(s), "
+              f"world size {plan.world_size}\n")
     if detach:
+        if job.monitor:
+            spawn(job_id, registry, {}, record=False)  # Slurm, not this watcher, keeps the job alive
         out.write(f"  follow it: dtrain logs {job_id} -f    stop it: dtrain stop {job_id}\n")
-        return Submitted(job_id, slurm_id, 0)
+        return 0
     try:
         rec = follow(registry, job_id, client, out=out, poll=poll,
                      monitor_port=job.monitor_port if job.monitor else None)
@@ -221,7 +208,14 @@ def submit(job: JobSpec, cluster: SlurmCluster, *, out: TextIO, client: SlurmCli
         client.cancel(slurm_id)
         out.write(f"\n[dtrain] cancelled Slurm job {slurm_id}\n")
         rec = wait_ended(registry, registry.get(job_id), client, timeout=60)
-    return Submitted(job_id, slurm_id, _exit_status(rec, out))
+    return _exit_status(rec, out)
+
+
+def watch(job_id: str, job: JobSpec, *, out: TextIO, registry: JobRegistry | None = None) -> int:
+    """The detached watcher of a Slurm job: collect its node agents' metrics until it ends."""
+    registry = registry or JobRegistry()
+    rec = follow(registry, job_id, SlurmClient(), out=out, monitor_port=job.monitor_port if job.monitor else None)
+    return 0 if rec.state == JobState.SUCCEEDED else 1
 
 
 def follow(registry: JobRegistry, job_id: str, client: SlurmClient, *, out: TextIO, poll: float = 1.0,
