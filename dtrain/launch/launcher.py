@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from dtrain.cluster.runner import close_job_runners, job_runners, with_addresses
-from dtrain.errors import ExitStatus, JobFailed, PreflightError
+from dtrain.errors import DtrainError, ExitStatus, JobFailed, PreflightError
 from dtrain.jobs import secrets
 from dtrain.jobs.registry import JobRegistry, JobState, new_job_id
 from dtrain.launch.plan import Facts, LaunchPlan, build_plan, node_command, render
 from dtrain.launch.prepare import prepare_nodes
-from dtrain.launch.slurm import SlurmCluster, slurm_plan
+from dtrain.launch.slurm import SlurmCluster, SlurmFacts, slurm_plan
 from dtrain.launch.spec import JobSpec
 from dtrain.launch.supervisor import spawn, supervise, write_job_file
 from dtrain.launch.sync import can_mark, for_plan
@@ -126,11 +126,17 @@ def _start_batch(job: JobSpec, cluster: SlurmCluster, job_id: str, *, out: TextI
     the nodes and runs the plan's batch script, dtrain submits and follows it."""
     from dtrain.launch import slurm_job
 
-    plan = slurm_plan(job, cluster, job_id, head_cwd=head_cwd)
+    client = slurm_job.SlurmClient()
+    try:
+        facts = client.facts()
+    except DtrainError:
+        if not dry_run:
+            raise
+        facts = SlurmFacts()  # a dry run away from the cluster: the script says so
+    plan = slurm_plan(job, cluster, job_id, head_cwd=head_cwd, facts=facts, preflight=run_preflight)
     if dry_run:
         out.write(render(plan) + "\n")
         return Started(job_id, plan, 0)
-    client = slurm_job.SlurmClient()
     if run_preflight:
         slurm_job.check_request(cluster.slurm, client.partitions())
     if on_job is not None:
@@ -138,7 +144,8 @@ def _start_batch(job: JobSpec, cluster: SlurmCluster, job_id: str, *, out: TextI
     directory = job_dir(job_id)
     registry.create(plan.name, [], plan.world_size, directory, job_id=job_id)
     write_job_file(directory, plan, cluster, job)
-    status = slurm_job.execute(plan, job, cluster, registry=registry, out=out, detach=detach, client=client)
+    status = slurm_job.execute(plan, job, cluster, registry=registry, out=out, facts=facts, detach=detach,
+                               client=client)
     return Started(job_id, plan, status)
 
 
