@@ -63,6 +63,7 @@ def test_plain_torchrun_script_on_a_two_node_allocation(slurm_cluster, dtrain_ho
     assert "[h1:r0] done world=4" in out, out
     assert "@@dtrain@@" not in out
     assert "[dtrain] preflight h1: ok (python " in out and "[dtrain] preflight h2: ok (python " in out, out
+    assert "stopped reporting" not in out  # the collector waits for the agents' step, after the preflight's
     job_id = job_id_of(out)
     rec = status(slurm_cluster, job_id)
     assert rec["state"] == "succeeded" and rec["world_size"] == 4 and rec["nodes"] == ["h1", "h2"], rec
@@ -226,7 +227,7 @@ def test_with_max_restarts_a_killed_task_requeues_the_job_which_resumes_from_its
     out = tmp_path / "run"
     res = dtrain("run", cluster_file(slurm_cluster, tmp_path), "--nproc-per-node", "2", "--max-restarts", "1", "--",
                  "dtrain", "train", *_recipe_sets(synth_data, out), "--set", "max_steps=4",
-                 "--set", "checkpoint_every_steps=2", env=env, timeout=240)
+                 "--set", "checkpoint_every_steps=2", env=env, timeout=420)  # two runs of the recipe, under load
     assert res.returncode == 0, res.stdout + res.stderr
     assert "requeueing the job (restart 1 of 1)" in res.stdout, res.stdout
     # the requeued run continued from the step-2 checkpoint the first run wrote, and finished

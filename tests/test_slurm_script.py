@@ -41,6 +41,7 @@ export PYTHONUNBUFFERED=1
 export MODE='a b'
 srun --kill-on-bad-exit=1 --ntasks-per-node=1 --input=none bash -c 'exec "$0" -m dtrain.launch.slurm_check --node "$SLURMD_NODENAME" --node-rank "$SLURM_NODEID" --master "$DTRAIN_RDZV_HOST" --port 29500 --gpus 4' /opt/venv/bin/python \
   || { echo '[dtrain] preflight failed: the training step was not started'; exit 1; }
+echo "[dtrain] training step on $DTRAIN_NODE_ADDRS"
 srun --kill-on-bad-exit=1 --wait=30 --ntasks-per-node=1 --input=none bash -c 'node="$SLURMD_NODENAME"
 export DTRAIN_NODE_RANK="$SLURM_NODEID" DTRAIN_HEARTBEAT_DIR="/tmp/dtrain-J1-$node/heartbeat"
 if [ "$SLURM_NODEID" = 0 ]; then is_host=true; else is_host=false; fi

@@ -38,6 +38,7 @@ from dtrain.launch.plan import BatchJob, LaunchPlan
 from dtrain.launch.spec import JobSpec, torchrun_target
 from dtrain.paths import dtrain_home
 
+TRAINING_STEP = "[dtrain] training step on"
 # srun --wait: once one task ended, the others get this long before Slurm ends the step
 # (a task that exits 0 early must not leave its peers blocked in a collective forever).
 SRUN_WAIT = 30
@@ -256,6 +257,8 @@ def batch_script(job: JobSpec, cluster: SlurmCluster, job_id: str, *, workdir: s
     lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items()) if k not in secret]
     if preflight:
         lines.append(_preflight_step(job, spec, python))
+    # The head starts collecting from the node agents once it reads this line (they start with the step).
+    lines.append(f'echo "{TRAINING_STEP} $DTRAIN_NODE_ADDRS"')
     # The wrapper's status lines are for an SSH head; under Slurm they are dropped.
     step = (f"srun --kill-on-bad-exit=1 --wait={SRUN_WAIT} --ntasks-per-node=1 --input=none "
             f"bash -c '{per_node}' \\\n  {shlex.join([python, *torchrun_target(job.command)])} "

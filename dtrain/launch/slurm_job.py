@@ -24,7 +24,7 @@ from typing import TextIO
 from dtrain.errors import ConfigError, DtrainError, ExitStatus, JobFailed
 from dtrain.jobs.registry import JobRecord, JobRegistry, JobState
 from dtrain.launch.plan import LaunchPlan
-from dtrain.launch.slurm import SlurmCluster, SlurmFacts, SlurmSpec, parse_version, secret_names
+from dtrain.launch.slurm import TRAINING_STEP, SlurmCluster, SlurmFacts, SlurmSpec, parse_version, secret_names
 from dtrain.launch.slurm_check import FAILED
 from dtrain.launch.spec import JobSpec
 from dtrain.launch.supervisor import spawn, write_job_file
@@ -236,7 +236,7 @@ def follow(registry: JobRegistry, job_id: str, client: SlurmClient, *, out: Text
     """Print the pending reason while queued, then the job's output, until it ends;
     with `monitor_port`, collect the node agents' metrics meanwhile (`dtrain report`)."""
     log = job_dir(job_id) / "output.log"
-    pos, said, collector = 0, "", None
+    pos, said, collector, stepping = 0, "", None, False
     try:
         while True:
             rec = refresh(registry, registry.get(job_id), client)
@@ -248,13 +248,17 @@ def follow(registry: JobRegistry, job_id: str, client: SlurmClient, *, out: Text
                 out.write(chunk[:cut])
                 out.flush()
                 pos += len(chunk[:cut].encode("utf-8"))
+                stepping = stepping or TRAINING_STEP in chunk[:cut]
             if rec.state == JobState.PENDING and rec.reason != said:
                 said = rec.reason
                 out.write(f"[dtrain] pending in Slurm: {said or 'queued'}\n")
-            if collector is not None and rec.state == JobState.PENDING:  # requeued: its next run may get other nodes
-                collector.stop()
-                collector = None
-            if collector is None and monitor_port and rec.state == JobState.RUNNING and rec.nodes:
+            if rec.state == JobState.PENDING:  # (again, if requeued: its next run may get other nodes)
+                stepping = False
+                if collector is not None:
+                    collector.stop()
+                    collector = None
+            # the agents start with the training step (after the preflight step): collect from then on
+            if collector is None and monitor_port and stepping and rec.state == JobState.RUNNING and rec.nodes:
                 collector = _collect(job_id, rec.nodes, client, monitor_port, out)
             if rec.state.terminal:
                 return rec
