@@ -30,6 +30,7 @@ import pytest
 DAEMONS = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd")
 CLIENTS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo", "srun")
 PARTITION = "debug"
+CRED_EXPIRE = 20  # seconds
 
 
 @dataclass
@@ -71,7 +72,8 @@ def _slurm_conf(tmp: Path, netns, ctld_port: int) -> str:
         f"SlurmctldHost={socket.gethostname().split('.')[0]}({netns.head_address})\n"
         f"SlurmctldPort={ctld_port}\n"
         "SlurmdPort=6818\n"
-        f"AuthInfo=socket={tmp / 'munge.socket'}\n"
+        # cred_expire also delays a requeued job's restart (by that + 1 s; default 120)
+        f"AuthInfo=socket={tmp / 'munge.socket'},cred_expire={CRED_EXPIRE}\n"
         "SlurmUser=root\nSlurmdUser=root\n"
         f"StateSaveLocation={tmp / 'state'}\n"
         f"SlurmdSpoolDir={tmp / 'spool-%n'}\n"

@@ -4,6 +4,7 @@ per namespace host, every host seeing this repository and virtualenv at the same
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -14,9 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from dtrain.launch.slurm import parse_version
+from dtrain.launch.slurm_job import SlurmClient
 from dtrain.monitor.store import Store
 
-from launch_helpers import REPO, SCRIPTS, dtrain, job_id_of, wait_gone
+from launch_helpers import REPO, SCRIPTS, dtrain, free_port, job_id_of, job_processes, wait_gone
 from test_launch_netns import _recipe_sets, assert_nothing_left, kill_workers
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
@@ -39,6 +42,17 @@ def status(slurm_cluster, job_id: str) -> dict:
     return json.loads(res.stdout)
 
 
+def assert_report_shows_both_nodes(slurm_cluster, dtrain_home, job_id: str, tmp_path, *, samples: int) -> None:
+    """The head collected both nodes' agents (at least `samples` each) and `dtrain report` shows them."""
+    store = Store.for_job(dtrain_home / "jobs" / job_id, readonly=True)
+    nodes = store.node_series()
+    store.close()
+    assert set(nodes) == {"h1", "h2"} and all(len(s["t"]) >= samples for s in nodes.values()), nodes
+    rep = dtrain("report", job_id, "--out", str(tmp_path / "report"), env=slurm_cluster.env(), timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    assert json.loads((tmp_path / "report" / "summary.json").read_text())["totals"]["nodes"] == 2
+
+
 def test_plain_torchrun_script_on_a_two_node_allocation(slurm_cluster, dtrain_home, tmp_path):
     res = dtrain("run", cluster_file(slurm_cluster, tmp_path), "--nproc-per-node", "2", "--",
                  "python", PLAIN, "--epochs", "1", env=slurm_cluster.env(), timeout=150)
@@ -48,19 +62,21 @@ def test_plain_torchrun_script_on_a_two_node_allocation(slurm_cluster, dtrain_ho
         assert prefix in out, out
     assert "[h1:r0] done world=4" in out, out
     assert "@@dtrain@@" not in out
+    assert "[dtrain] preflight h1: ok (python " in out and "[dtrain] preflight h2: ok (python " in out, out
+    assert "stopped reporting" not in out  # the collector waits for the agents' step, after the preflight's
     job_id = job_id_of(out)
     rec = status(slurm_cluster, job_id)
     assert rec["state"] == "succeeded" and rec["world_size"] == 4 and rec["nodes"] == ["h1", "h2"], rec
     assert rec["extra"]["slurm_job_id"].isdigit()
+    # one launch path: job.json holds the plan (its batch script is what sbatch ran) and Slurm's id
+    saved = json.loads((dtrain_home / "jobs" / job_id / "job.json").read_text())
+    assert set(saved) == {"plan", "cluster", "job", "slurm_job_id"}, saved.keys()
+    assert saved["slurm_job_id"] == rec["extra"]["slurm_job_id"]
+    assert saved["plan"]["batch"]["script"] == (dtrain_home / "jobs" / job_id / "job.sbatch").read_text()
+    assert "\n# for Slurm " in saved["plan"]["batch"]["script"]  # the detected version
     assert not wait_gone(job_id)
     # the node agents ran beside the ranks and the head collected them: dtrain report works
-    store = Store.for_job(dtrain_home / "jobs" / job_id, readonly=True)
-    nodes = store.node_series()
-    store.close()
-    assert set(nodes) == {"h1", "h2"} and all(len(s["t"]) >= 1 for s in nodes.values()), nodes
-    rep = dtrain("report", job_id, "--out", str(tmp_path / "report"), env=slurm_cluster.env(), timeout=120)
-    assert rep.returncode == 0, rep.stderr
-    assert json.loads((tmp_path / "report" / "summary.json").read_text())["totals"]["nodes"] == 2
+    assert_report_shows_both_nodes(slurm_cluster, dtrain_home, job_id, tmp_path, samples=1)
 
 
 def test_the_defect_recipe_runs_unchanged_on_a_two_node_allocation(slurm_cluster, dtrain_home, synth_data, tmp_path):
@@ -180,3 +196,113 @@ def test_ctrl_c_on_a_followed_job_cancels_it_in_slurm(slurm_cluster, dtrain_home
     assert rec["state"] == "stopped", rec
     assert "JobState=CANCELLED" in slurm_cluster.cmd("scontrol", "show", "job", "-o", rec["extra"]["slurm_job_id"]).stdout
     assert not wait_gone(rec["id"])
+
+
+# In the job's first run (no $SLURM_RESTART_COUNT), rank 3 - a task on h2 - is killed
+# right after optimizer step 3; a requeued run trains on.
+_KILL_ONCE = """
+import os, signal
+import dtrain.monitor.report as _report
+
+_report_step = _report.report_step
+
+
+def report_step(**values):
+    _report_step(**values)
+    if values["step"] == 3 and os.environ.get("RANK") == "3" and "SLURM_RESTART_COUNT" not in os.environ:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+_report.report_step = report_step
+"""
+
+
+def test_with_max_restarts_a_killed_task_requeues_the_job_which_resumes_from_its_checkpoint(
+        slurm_cluster, dtrain_home, synth_data, tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_KILL_ONCE)
+    env = {**slurm_cluster.env(), "PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH"))
+                                                                 if p)}
+    out = tmp_path / "run"
+    res = dtrain("run", cluster_file(slurm_cluster, tmp_path), "--nproc-per-node", "2", "--max-restarts", "1", "--",
+                 "dtrain", "train", *_recipe_sets(synth_data, out), "--set", "max_steps=4",
+                 "--set", "checkpoint_every_steps=2", env=env, timeout=420)  # two runs of the recipe, under load
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "requeueing the job (restart 1 of 1)" in res.stdout, res.stdout
+    # the requeued run continued from the step-2 checkpoint the first run wrote, and finished
+    assert "resumed from" in res.stdout and "epoch 0, step 2" in res.stdout, res.stdout
+    state = torch.load(out / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
+    assert state["step"] == 4, state["step"]
+    rec = status(slurm_cluster, job_id_of(res.stdout))
+    assert rec["state"] == "succeeded", rec
+    shown = slurm_cluster.cmd("scontrol", "show", "job", "-o", rec["extra"]["slurm_job_id"]).stdout
+    assert "JobState=COMPLETED" in shown and "Restarts=1" in shown, shown
+    assert not wait_gone(rec["id"])
+
+
+def test_the_clusters_slurm_version_is_detected_and_sacct_is_left_alone_without_accounting(slurm_cluster):
+    facts = SlurmClient(env=slurm_cluster.env()).facts()
+    assert facts.version == parse_version(slurm_cluster.cmd("scontrol", "--version").stdout), facts
+    assert facts.version >= (19, 5) and facts.since(19, 5)
+    assert facts.accounting is False  # the test cluster keeps no accounting database: sacct is never asked
+
+
+def test_a_node_failing_preflight_fails_the_job_before_training_and_is_named(slurm_cluster, dtrain_home, tmp_path):
+    port = free_port()
+    first = slurm_cluster.netns.hosts[0]  # node 0 of the allocation: it hosts the rendezvous on `port`
+    holder = slurm_cluster.netns.popen(first, [sys.executable, "-c", (
+        "import socket, time\ns = socket.socket()\ns.bind(('0.0.0.0', %d))\ns.listen()\n"
+        "print('ready', flush=True)\ntime.sleep(300)" % port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        res = dtrain("run", cluster_file(slurm_cluster, tmp_path), "--nproc-per-node", "1", "--port", str(port), "--",
+                     "python", PLAIN, env=slurm_cluster.env(), timeout=120)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert res.returncode == 5, res.stdout + res.stderr
+    assert f"[dtrain] preflight failed on {first.name}: port: master port {port} is already in use" in res.stdout
+    assert "training step was not started" in res.stdout and f"[{first.name}:r0]" not in res.stdout, res.stdout
+    rec = status(slurm_cluster, job_id_of(res.stdout))
+    assert rec["state"] == "failed" and f"first failure on {first.name} (preflight: port:" in rec["reason"], rec
+    assert f"{first.name} (preflight: port:" in res.stderr, res.stderr
+
+
+def _watchers(job_id: str) -> list[int]:
+    """The detached watcher of `job_id` (python -m dtrain.launch.supervisor JOB), if alive."""
+    return [pid for pid, cmd in _supervisors() if cmd.endswith(f"dtrain.launch.supervisor {job_id}")]
+
+
+def _supervisors() -> list[tuple[int, str]]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if "dtrain.launch.supervisor" in cmd:
+            found.append((int(entry.name), cmd))
+    return found
+
+
+def test_a_detached_job_has_an_agent_on_every_node_and_its_report_shows_them(slurm_cluster, dtrain_home, tmp_path):
+    res = dtrain("run", cluster_file(slurm_cluster, tmp_path), "--nproc-per-node", "1", "--detach", "--",
+                 "python", PLAIN, "--epochs", "8", "--sleep", "0.2", env=slurm_cluster.env(), timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    job_id = job_id_of(res.stdout)
+    assert _watchers(job_id), "no watcher collects the detached job's metrics"
+    deadline = time.monotonic() + 90
+    while "epoch 1" not in dtrain("logs", job_id, env=slurm_cluster.env()).stdout:
+        assert time.monotonic() < deadline
+        time.sleep(1)
+    agents = [cmd for _, cmd in job_processes(job_id) if "dtrain.monitor.agent" in cmd]
+    assert any("--node h1" in a for a in agents) and any("--node h2" in a for a in agents), agents
+    while status(slurm_cluster, job_id)["state"] != "succeeded":
+        assert time.monotonic() < deadline + 60, status(slurm_cluster, job_id)
+        time.sleep(1)
+    while _watchers(job_id):  # it stops with the job, after writing its last samples
+        assert time.monotonic() < deadline + 90
+        time.sleep(0.5)
+    assert not wait_gone(job_id)
+    assert_report_shows_both_nodes(slurm_cluster, dtrain_home, job_id, tmp_path, samples=2)

@@ -3,13 +3,18 @@ Slurm's job states and the partition check (no Slurm needed)."""
 
 from __future__ import annotations
 
+import io
+import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from dtrain.errors import ConfigError
 from dtrain.jobs.registry import JobState
-from dtrain.launch.slurm import SlurmCluster, SlurmSpec, batch_script, slurm_from_args
+from dtrain.launch.launcher import start
+from dtrain.launch.plan import LaunchPlan
+from dtrain.launch.slurm import SlurmCluster, SlurmFacts, SlurmSpec, batch_script, parse_version, slurm_from_args
 from dtrain.launch.slurm_job import check_request, first_task_error, minutes, parse_job
 from dtrain.launch.spec import JobSpec
 
@@ -25,6 +30,7 @@ EXPECTED = r"""#!/bin/bash
 #SBATCH --output=/home/ana/.dtrain/jobs/J1/output.log
 #SBATCH --exclusive
 # dtrain job J1: one torchrun per node, c10d rendezvous on the allocation's first node
+# for Slurm 22.05.8
 set -euo pipefail
 cd '/shared/my job'
 export DTRAIN_JOB_ID=J1
@@ -33,6 +39,9 @@ export DTRAIN_NODE_ADDRS="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | past
 export DTRAIN_RDZV_HOST="${DTRAIN_NODE_ADDRS%%,*}"
 export PYTHONUNBUFFERED=1
 export MODE='a b'
+srun --kill-on-bad-exit=1 --ntasks-per-node=1 --input=none bash -c 'exec "$0" -m dtrain.launch.slurm_check --node "$SLURMD_NODENAME" --node-rank "$SLURM_NODEID" --master "$DTRAIN_RDZV_HOST" --port 29500 --gpus 4' /opt/venv/bin/python \
+  || { echo '[dtrain] preflight failed: the training step was not started'; exit 1; }
+echo "[dtrain] training step on $DTRAIN_NODE_ADDRS"
 srun --kill-on-bad-exit=1 --wait=30 --ntasks-per-node=1 --input=none bash -c 'node="$SLURMD_NODENAME"
 export DTRAIN_NODE_RANK="$SLURM_NODEID" DTRAIN_HEARTBEAT_DIR="/tmp/dtrain-J1-$node/heartbeat"
 if [ "$SLURM_NODEID" = 0 ]; then is_host=true; else is_host=false; fi
@@ -55,7 +64,8 @@ def cluster(**slurm) -> SlurmCluster:
 def test_the_batch_script_is_exactly_this():
     job = JobSpec(command=["python", "train.py", "--note", "it's"], env={"HF_TOKEN": "s3cret"})
     text = batch_script(job, cluster(), "J1", workdir="/shared/my job",
-                        output="/home/ana/.dtrain/jobs/J1/output.log", secret=frozenset({"HF_TOKEN"}))
+                        output="/home/ana/.dtrain/jobs/J1/output.log", secret=frozenset({"HF_TOKEN"}),
+                        facts=SlurmFacts((22, 5, 8)))
     assert text == EXPECTED
     assert "s3cret" not in text  # secret values travel in sbatch's environment, not the file
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
@@ -136,3 +146,71 @@ def test_the_first_failing_node_is_read_from_sruns_report(tmp_path):
                    "srun: error: h1: task 0: Killed\n")
     assert first_task_error(log) == "h2 (Exited with exit code 1)"
     assert first_task_error(tmp_path / "missing.log") == ""
+
+
+def test_the_dry_run_prints_the_plans_batch_script_and_the_plan_round_trips(dtrain_home):
+    out = io.StringIO()
+    job = JobSpec(command=["python", "train.py"])
+    started = start(job, cluster(), out=out, dry_run=True, head_cwd="/w")
+    plan = started.plan
+    assert out.getvalue() == plan.batch.script == batch_script(
+        job, cluster(), started.job_id, workdir="/shared/my job",
+        output=str(dtrain_home / "jobs" / started.job_id / "output.log"))
+    assert plan.world_size == 8 and plan.nodes == [] and plan.batch.scheduler == "slurm"
+    assert LaunchPlan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
+    assert not (dtrain_home / "jobs" / started.job_id).exists()  # a dry run creates nothing
+
+
+def test_the_version_is_read_from_sbatch_and_only_its_options_are_used():
+    assert parse_version("slurm-wlm 22.05.8\n") == (22, 5, 8)
+    assert parse_version("slurm 23.11.4") == (23, 11, 4)
+    with pytest.raises(ConfigError, match="cannot read a Slurm version"):
+        parse_version("sbatch: fatal: Could not establish a configuration source")
+    job = JobSpec(command=["python", "t.py"])
+    old = batch_script(job, cluster(), "J1", workdir="/w", output="/o", facts=SlurmFacts((18, 8, 9)))
+    assert "#SBATCH --gres=gpu:4\n" in old and "--gpus-per-node" not in old and "# for Slurm 18.08.9" in old
+    assert "#SBATCH --gpus-per-node=4\n" in batch_script(job, cluster(), "J1", workdir="/w", output="/o")
+
+
+def test_with_max_restarts_the_script_requeues_itself_and_a_requeued_run_resumes():
+    job = JobSpec(command=["dtrain", "train", "c.yaml"], rdzv="elastic", max_restarts=2)
+    text = batch_script(job, cluster(), "J1", workdir="/w", output="/o")
+    assert "#SBATCH --requeue\n#SBATCH --open-mode=append\n" in text
+    assert 'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then export DTRAIN_AUTO_RESUME=1; fi' in text
+    assert "--max-restarts 0" in text  # the restarts are Slurm's, not torchrun's
+    assert 'if [ "${SLURM_RESTART_COUNT:-0}" -lt 2 ]; then' in text
+    assert text.endswith('  scontrol requeue "$SLURM_JOB_ID"\nfi\nexit "$status"\n')
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+    plain = batch_script(JobSpec(command=["python", "t.py"]), cluster(), "J1", workdir="/w", output="/o")
+    assert "--requeue" not in plain and "SLURM_RESTART_COUNT" not in plain and "scontrol requeue" not in plain
+    # --requeue alone: Slurm requeues on a node failure; a failed step still ends the job
+    node_only = batch_script(JobSpec(command=["python", "t.py"]), cluster(requeue=True), "J1", workdir="/w",
+                             output="/o")
+    assert "#SBATCH --requeue" in node_only and "scontrol requeue" not in node_only
+
+
+def test_without_preflight_the_script_has_one_step():
+    text = batch_script(JobSpec(command=["python", "t.py"]), cluster(), "J1", workdir="/w", output="/o",
+                        preflight=False)
+    assert "slurm_check" not in text and text.count("srun ") == 1
+
+
+def test_a_failed_preflight_is_the_reason_named_with_its_node(tmp_path):
+    log = tmp_path / "output.log"
+    log.write_text("[dtrain] preflight h1: ok (python 3.11.7, torch 2.4.0, 0 GPU(s), interface eth0)\n"
+                   "[dtrain] preflight failed on h2: port: master port 29500 is already in use\n"
+                   "srun: error: h2: task 1: Exited with exit code 1\n")
+    assert first_task_error(log) == "h2 (preflight: port: master port 29500 is already in use)"
+
+
+def test_the_readme_shows_the_script_the_dry_run_prints():
+    import yaml
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text.split("## Run on Slurm", 1)[1]
+    yaml_block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    script = section.split("dtrain train recipe.yaml`\nprints", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    readme_cluster = SlurmCluster.model_validate(yaml.safe_load(yaml_block))
+    assert script == batch_script(JobSpec(command=["dtrain", "train", "recipe.yaml"]), readme_cluster, "JOB",
+                                  workdir=readme_cluster.defaults.workdir,
+                                  output="/home/ana/.dtrain/jobs/JOB/output.log", facts=SlurmFacts((22, 5, 8)))

@@ -35,7 +35,7 @@ def register(app: typer.Typer) -> None:
         nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", help="Processes per node."),
         rdzv: Optional[str] = typer.Option(None, "--rdzv", help="static (default) or elastic."),
         nnodes: Optional[str] = typer.Option(None, "--nnodes", help="Elastic MIN:MAX nodes."),
-        max_restarts: Optional[int] = typer.Option(None, "--max-restarts", help="Elastic restarts."),
+        max_restarts: Optional[int] = typer.Option(None, "--max-restarts", help="Elastic restarts (Slurm: requeues)."),
         port: Optional[int] = typer.Option(None, "--port", help="Master / rendezvous port."),
         hang_timeout: Optional[float] = typer.Option(None, "--hang-timeout", help="Seconds without progress."),
         env: list[str] = typer.Option([], "--env", help="K=V for every rank (repeatable)."),
@@ -56,6 +56,7 @@ def register(app: typer.Typer) -> None:
                                              help="Rented cluster, elastic: replace up to K lost instances."),
         slurm_partition: Optional[str] = typer.Option(None, "--slurm-partition", help="Submit to this Slurm partition."),
         slurm_nodes: Optional[int] = typer.Option(None, "--nodes", help="Slurm nodes to allocate."),
+        requeue: bool = typer.Option(False, "--requeue", help="Slurm: requeue the job when a node fails."),
     ) -> None:
         from dtrain.cluster.providers.lifecycle import rented_cluster
         from dtrain.cluster.providers.replace import replacer_for
@@ -67,6 +68,9 @@ def register(app: typer.Typer) -> None:
 
         words = list(ctx.args)
         cluster_file = words.pop(0) if words and words[0].endswith((".yaml", ".yml")) else None
+        slurm = slurm_from_args(cluster_file, hosts, slurm_partition, slurm_nodes, requeue)
+        if slurm is not None and max_restarts and rdzv is None:
+            rdzv = "elastic"  # a Slurm job's rendezvous is c10d; its restarts are requeues
         job = job_from(
             job_file, words, name=name, nproc_per_node=nproc_per_node, rdzv=rdzv, nnodes=nnodes,
             max_restarts=max_restarts, port=port, hang_timeout=hang_timeout, env=env,
@@ -74,17 +78,11 @@ def register(app: typer.Typer) -> None:
             tf_config=tf_config or None, sync="never" if no_sync else None,
             monitor=False if no_monitor else None,
         )
-        slurm = slurm_from_args(cluster_file, hosts, slurm_partition, slurm_nodes)
-        if slurm is not None:
-            from dtrain.launch.slurm_job import submit
-
-            print_and_exit(submit(job, slurm, out=sys.stdout, dry_run=dry_run, detach=detach).exit_status)
-            return
         if down and detach:
             raise ConfigError("--down and --detach together would release the cluster under the running job",
                               "drop one of them")
         with rented_cluster(cluster_file, release=down, dry_run=dry_run, echo=typer.echo) as rented:
-            cluster = rented or cluster_from_args(cluster_file, hosts, ssh_config=ssh_config, default_local=True)
+            cluster = slurm or rented or cluster_from_args(cluster_file, hosts, ssh_config=ssh_config, default_local=True)
             started = start(job, cluster, out=sys.stdout, run_preflight=not no_preflight,
                             dry_run=dry_run, detach=detach,
                             replacer=replacer_for(cluster_file, job, max_replacements, detach, typer.echo))

@@ -3,7 +3,7 @@ the facts, plan, then execute that plan (or print it: the dry run).
 
 `start` is the whole launch path; the CLIs only parse flags into a JobSpec and a
 ClusterSpec (this machine alone is the `local` backend, a cluster.yaml or --hosts the
-`ssh` one). Side effects (output stream, registry) are passed in. Every command to a node
+`ssh` one) or a SlurmCluster (`scheduler: slurm`: the plan is one batch script). Side effects (output stream, registry) are passed in. Every command to a node
 - address lookup, preflight probe, code-sync check, setup, node wrapper, monitor agent -
 shares one connection per node (`job_runners`): the launch pays one handshake, like a
 hand-written `ssh node torchrun ...`, not one per step.
@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from dtrain.cluster.runner import close_job_runners, job_runners, with_addresses
-from dtrain.errors import ExitStatus, JobFailed, PreflightError
+from dtrain.errors import DtrainError, ExitStatus, JobFailed, PreflightError
 from dtrain.jobs import secrets
 from dtrain.jobs.registry import JobRegistry, JobState, new_job_id
 from dtrain.launch.plan import Facts, LaunchPlan, build_plan, node_command, render
 from dtrain.launch.prepare import prepare_nodes
+from dtrain.launch.slurm import SlurmCluster, SlurmFacts, slurm_plan
 from dtrain.launch.spec import JobSpec
 from dtrain.launch.supervisor import spawn, supervise, write_job_file
 from dtrain.launch.sync import can_mark, for_plan
@@ -90,6 +91,9 @@ def start(
     if not dry_run:  # a dry run registers nothing
         registry = registry or JobRegistry()
     job_id = new_job_id(registry.clock() if registry is not None else time.time())
+    if isinstance(cluster, SlurmCluster):
+        return _start_batch(job, cluster, job_id, out=out, run_preflight=run_preflight, dry_run=dry_run,
+                            detach=detach, registry=registry, head_cwd=head_cwd, on_job=on_job)
     runners = job_runners(cluster, job_id)
     handed_over = False  # to the detached supervisor, which closes the connections itself
     try:
@@ -114,6 +118,36 @@ def start(
     if pid is not None:
         return Started(job_id, plan, 0, pid)
     return _report(job_id, plan, outcome, out)
+
+
+def _start_batch(job: JobSpec, cluster: SlurmCluster, job_id: str, *, out: TextIO, run_preflight: bool,
+                 dry_run: bool, detach: bool, registry: JobRegistry | None, head_cwd: str,
+                 on_job: Callable[[str], None] | None) -> Started:
+    """A scheduler's job: the same plan -> job directory -> registry row; Slurm allocates
+    the nodes and runs the plan's batch script, dtrain submits and follows it."""
+    from dtrain.launch import slurm_job
+
+    client = slurm_job.SlurmClient()
+    try:
+        facts = client.facts()
+    except DtrainError:
+        if not dry_run:
+            raise
+        facts = SlurmFacts()  # a dry run away from the cluster: the script says so
+    plan = slurm_plan(job, cluster, job_id, head_cwd=head_cwd, facts=facts, preflight=run_preflight)
+    if dry_run:
+        out.write(render(plan) + "\n")
+        return Started(job_id, plan, 0)
+    if run_preflight:
+        slurm_job.check_request(cluster.slurm, client.partitions())
+    if on_job is not None:
+        on_job(job_id)
+    directory = job_dir(job_id)
+    registry.create(plan.name, [], plan.world_size, directory, job_id=job_id)
+    write_job_file(directory, plan, cluster, job)
+    status = slurm_job.execute(plan, job, cluster, registry=registry, out=out, facts=facts, detach=detach,
+                               client=client)
+    return Started(job_id, plan, status)
 
 
 def _execute(plan: LaunchPlan, cluster, job: JobSpec, runners: dict, registry: JobRegistry, *, out: TextIO,

@@ -54,6 +54,17 @@ class NodeLaunch:
 
 
 @dataclass(frozen=True)
+class BatchJob:
+    """A job a scheduler runs (Slurm): the exact script it is given. Its nodes come from
+    the allocation, so the plan lists none; the script spells out what each one runs."""
+
+    scheduler: str
+    script: str
+    nodes: int
+    nproc_per_node: int
+
+
+@dataclass(frozen=True)
 class LaunchPlan:
     job_id: str
     name: str
@@ -65,9 +76,12 @@ class LaunchPlan:
     hang_timeout: float = 600.0
     grace: float = 5.0
     sync_root: str = ""  # the head directory holding the marker and the code to copy
+    batch: BatchJob | None = None  # a scheduler's job (then `nodes` is empty)
 
     @property
     def world_size(self) -> int:
+        if self.batch is not None:
+            return self.batch.nodes * self.batch.nproc_per_node
         return sum(n.nproc for n in self.nodes)
 
     def node(self, name: str) -> NodeLaunch:
@@ -81,6 +95,8 @@ class LaunchPlan:
         data = dict(data)
         data["nnodes"] = tuple(data["nnodes"])
         data["nodes"] = [NodeLaunch(**n) for n in data["nodes"]]
+        if data.get("batch"):
+            data["batch"] = BatchJob(**data["batch"])
         return cls(**data)
 
 
@@ -198,7 +214,10 @@ def _node_env(job, node, rank, nodes, addrs, job_id, scratch, ifname) -> dict[st
 
 
 def render(plan: LaunchPlan, local_argv: dict[str, list[str]] | None = None) -> str:
-    """The dry-run text: per node, its environment and the exact command line."""
+    """The dry-run text: per node, its environment and the exact command line; for a
+    scheduler's job, the exact batch script (so `--dry-run > job.sbatch` is that job)."""
+    if plan.batch is not None:
+        return plan.batch.script.rstrip("\n")
     lines = [
         f"job {plan.job_id} ({plan.name}): {len(plan.nodes)} node(s), world size {plan.world_size}, "
         f"{plan.rdzv} rendezvous at {plan.master_addr}:{plan.master_port}"

@@ -22,11 +22,13 @@ from pathlib import Path
 from typing import TextIO
 
 from dtrain.errors import ConfigError, DtrainError, ExitStatus, JobFailed
-from dtrain.jobs import secrets
-from dtrain.jobs.registry import JobRecord, JobRegistry, JobState, new_job_id
-from dtrain.launch.slurm import SlurmCluster, SlurmSpec, batch_script, nproc_per_node
+from dtrain.jobs.registry import JobRecord, JobRegistry, JobState
+from dtrain.launch.plan import LaunchPlan
+from dtrain.launch.slurm import TRAINING_STEP, SlurmCluster, SlurmFacts, SlurmSpec, parse_version, secret_names
+from dtrain.launch.slurm_check import FAILED
 from dtrain.launch.spec import JobSpec
-from dtrain.paths import dtrain_home, job_dir
+from dtrain.launch.supervisor import spawn, write_job_file
+from dtrain.paths import job_dir
 
 # Slurm's job states (squeue/scontrol/sacct spelling) -> dtrain's.
 _LIVE = {"PENDING": JobState.PENDING, "CONFIGURING": JobState.PENDING, "REQUEUED": JobState.PENDING,
@@ -36,6 +38,7 @@ _LIVE = {"PENDING": JobState.PENDING, "CONFIGURING": JobState.PENDING, "REQUEUED
 _ENDED = {"COMPLETED": JobState.SUCCEEDED, "CANCELLED": JobState.STOPPED}
 # srun's report of the first task that failed: "srun: error: h2: task 1: Exited with exit code 1"
 _TASK_ERROR = re.compile(r"^srun: error: (\S+): tasks? [\d,-]+: (.+)$", re.MULTILINE)
+_PREFLIGHT_FAILED = re.compile(r"^" + re.escape(FAILED) + r"(\S+): (.+)$", re.MULTILINE)
 
 
 @dataclass
@@ -58,8 +61,8 @@ class SlurmJob:
         if self.state == "TIMEOUT":
             return "timed out: Slurm's time limit ended the job"
         if self.state == "CANCELLED":
-            return "cancelled in Slurm" + (f" ({self.reason})" if self.reason not in ("", "None") else "")
-        why = f" (reason {self.reason})" if self.reason not in ("", "None") else ""
+            return "cancelled in Slurm" + (f" ({self.reason})" if self.reason else "")
+        why = f" (reason {self.reason})" if self.reason else ""
         code = f", exit code {self.exit_code}" if self.exit_code else ""
         return f"Slurm says {self.state}{why}{code}"
 
@@ -73,7 +76,8 @@ def parse_job(line: str) -> SlurmJob:
     if exit_code == 0 and sig.isdigit() and int(sig):
         exit_code = 128 + int(sig)
     nodelist = fields.get("NodeList", "(null)")
-    return SlurmJob(state, fields.get("Reason", ""), exit_code, [] if nodelist == "(null)" else [nodelist])
+    reason = fields.get("Reason", "")
+    return SlurmJob(state, "" if reason == "None" else reason, exit_code, [] if nodelist == "(null)" else [nodelist])
 
 
 class SlurmClient:
@@ -104,12 +108,20 @@ class SlurmClient:
                 parts[fields["PartitionName"]] = fields
         return parts
 
+    def facts(self) -> SlurmFacts:
+        """The version (`sbatch --version`) and whether accounting (sacct) is set up."""
+        version = parse_version(self.call("sbatch", "--version").stdout)
+        config = self.call("scontrol", "show", "config", check=False).stdout
+        m = re.search(r"^AccountingStorageType\s*=\s*(\S+)", config, re.MULTILINE)
+        return SlurmFacts(version, accounting=bool(m) and m.group(1) != "accounting_storage/none")
+
     def submit(self, script: Path, env: dict[str, str]) -> str:
         out = self.call("sbatch", "--parsable", str(script), env=env).stdout.strip()
         return out.split(";")[0]  # "ID" or "ID;cluster"
 
-    def job(self, slurm_id: str) -> SlurmJob | None:
-        """None when Slurm no longer knows the job (past MinJobAge, no accounting)."""
+    def job(self, slurm_id: str, *, sacct: bool = True) -> SlurmJob | None:
+        """None when Slurm no longer knows the job (past MinJobAge, and no accounting:
+        `sacct` False says there is none to ask)."""
         res = self.call("scontrol", "show", "job", "-o", slurm_id, check=False)
         if res.returncode == 0 and "JobState=" in res.stdout:
             job = parse_job(res.stdout.splitlines()[0])
@@ -117,6 +129,8 @@ class SlurmClient:
                 hosts = self.call("scontrol", "show", "hostnames", job.nodes[0], check=False).stdout.split()
                 job.nodes = hosts or job.nodes
             return job
+        if not sacct:
+            return None
         acct = self.call("sacct", "-n", "-X", "-P", "-j", slurm_id, "-o", "State,ExitCode,Reason", check=False)
         if acct.returncode == 0 and acct.stdout.strip():
             state, code, reason = (acct.stdout.splitlines()[0].split("|") + ["", ""])[:3]
@@ -173,47 +187,33 @@ def minutes(value: str) -> float | None:
     return parts[0] + (parts[1] / 60 if len(parts) == 2 else 0)
 
 
-@dataclass
-class Submitted:
-    job_id: str
-    slurm_id: str
-    exit_status: int
-
-
-def submit(job: JobSpec, cluster: SlurmCluster, *, out: TextIO, client: SlurmClient | None = None,
-           dry_run: bool = False, detach: bool = False, registry: JobRegistry | None = None,
-           head_cwd: str | None = None, poll: float = 1.0) -> Submitted:
-    """`dtrain run` on Slurm: print the batch script (`dry_run`), or check, submit and
-    follow the job to its end (or return at once with `detach`)."""
+def execute(plan: LaunchPlan, job: JobSpec, cluster: SlurmCluster, *, registry: JobRegistry, out: TextIO,
+            facts: SlurmFacts, detach: bool = False, client: SlurmClient | None = None, poll: float = 1.0) -> int:
+    """Submit the plan's batch script (the job is registered and its job.json written
+    already) and follow the job to its end -> the exit status; with `detach`, return at
+    once and leave a watcher process to follow it (so the head still collects the node
+    agents' metrics for `dtrain report`)."""
     client = client or SlurmClient()
-    workdir = cluster.defaults.workdir or head_cwd or os.getcwd()
-    secret = frozenset(job.secret_env) | frozenset(secrets.secret_names({**cluster.defaults.env, **job.env}))
-    if dry_run:
-        job_id = new_job_id(time.time())
-        output = str(dtrain_home() / "jobs" / job_id / "output.log")  # a dry run creates nothing
-        out.write(batch_script(job, cluster, job_id, workdir=workdir, output=output, secret=secret))
-        return Submitted(job_id, "", 0)
-    check_request(cluster.slurm, client.partitions())
-    registry = registry or JobRegistry()
-    job_id = new_job_id(registry.clock())
-    directory = job_dir(job_id)
+    job_id, directory = plan.job_id, job_dir(plan.job_id)
     script = directory / "job.sbatch"
-    script.write_text(batch_script(job, cluster, job_id, workdir=workdir, output=str(directory / "output.log"),
-                                   secret=secret))
+    script.write_text(plan.batch.script)
     # Secret values reach the job through sbatch's environment (it exports the submitter's).
+    secret = secret_names(job, cluster)
     env = {**os.environ, **{k: v for k, v in {**cluster.defaults.env, **job.env}.items() if k in secret}}
-    world = cluster.slurm.nodes * nproc_per_node(job, cluster.slurm)
-    registry.create(job.display_name(), [], world, directory, job_id=job_id)
     try:
         slurm_id = client.submit(script, env)
     except DtrainError as exc:
         registry.finish(job_id, JobState.FAILED, 1, f"sbatch refused the job: {exc.message}")
         raise
-    registry.update(job_id, extra={"scheduler": "slurm", "slurm_job_id": slurm_id})
-    out.write(f"[dtrain] job {job_id}: Slurm job {slurm_id}, {cluster.slurm.nodes} node(s), world size {world}\n")
+    registry.update(job_id, extra={"scheduler": "slurm", "slurm_job_id": slurm_id, "sacct": facts.accounting})
+    write_job_file(directory, plan, cluster, job, extra={"slurm_job_id": slurm_id})
+    out.write(f"[dtrain] job {job_id}: Slurm job {slurm_id}, {plan.batch.nodes} node(s), "
+              f"world size {plan.world_size}\n")
     if detach:
+        if job.monitor:
+            spawn(job_id, registry, {}, record=False)  # Slurm, not this watcher, keeps the job alive
         out.write(f"  follow it: dtrain logs {job_id} -f    stop it: dtrain stop {job_id}\n")
-        return Submitted(job_id, slurm_id, 0)
+        return 0
     try:
         rec = follow(registry, job_id, client, out=out, poll=poll,
                      monitor_port=job.monitor_port if job.monitor else None)
@@ -221,7 +221,14 @@ def submit(job: JobSpec, cluster: SlurmCluster, *, out: TextIO, client: SlurmCli
         client.cancel(slurm_id)
         out.write(f"\n[dtrain] cancelled Slurm job {slurm_id}\n")
         rec = wait_ended(registry, registry.get(job_id), client, timeout=60)
-    return Submitted(job_id, slurm_id, _exit_status(rec, out))
+    return _exit_status(rec, out)
+
+
+def watch(job_id: str, job: JobSpec, *, out: TextIO, registry: JobRegistry | None = None) -> int:
+    """The detached watcher of a Slurm job: collect its node agents' metrics until it ends."""
+    registry = registry or JobRegistry()
+    rec = follow(registry, job_id, SlurmClient(), out=out, monitor_port=job.monitor_port if job.monitor else None)
+    return 0 if rec.state == JobState.SUCCEEDED else 1
 
 
 def follow(registry: JobRegistry, job_id: str, client: SlurmClient, *, out: TextIO, poll: float = 1.0,
@@ -229,16 +236,11 @@ def follow(registry: JobRegistry, job_id: str, client: SlurmClient, *, out: Text
     """Print the pending reason while queued, then the job's output, until it ends;
     with `monitor_port`, collect the node agents' metrics meanwhile (`dtrain report`)."""
     log = job_dir(job_id) / "output.log"
-    pos, said, collector = 0, "", None
+    pos, said, collector, stepping = 0, "", None, False
     try:
         while True:
             rec = refresh(registry, registry.get(job_id), client)
-            if rec.state == JobState.PENDING and rec.reason != said:
-                said = rec.reason
-                out.write(f"[dtrain] pending in Slurm: {said or 'queued'}\n")
-            if collector is None and monitor_port and rec.state == JobState.RUNNING and rec.nodes:
-                collector = _collect(job_id, rec.nodes, client, monitor_port, out)
-            if log.exists():
+            if log.exists():  # (before the state line: a requeued job's log says why first)
                 with open(log, encoding="utf-8", errors="replace") as fh:
                     fh.seek(pos)
                     chunk = fh.read()
@@ -246,6 +248,18 @@ def follow(registry: JobRegistry, job_id: str, client: SlurmClient, *, out: Text
                 out.write(chunk[:cut])
                 out.flush()
                 pos += len(chunk[:cut].encode("utf-8"))
+                stepping = stepping or TRAINING_STEP in chunk[:cut]
+            if rec.state == JobState.PENDING and rec.reason != said:
+                said = rec.reason
+                out.write(f"[dtrain] pending in Slurm: {said or 'queued'}\n")
+            if rec.state == JobState.PENDING:  # (again, if requeued: its next run may get other nodes)
+                stepping = False
+                if collector is not None:
+                    collector.stop()
+                    collector = None
+            # the agents start with the training step (after the preflight step): collect from then on
+            if collector is None and monitor_port and stepping and rec.state == JobState.RUNNING and rec.nodes:
+                collector = _collect(job_id, rec.nodes, client, monitor_port, out)
             if rec.state.terminal:
                 return rec
             time.sleep(poll)
@@ -273,7 +287,7 @@ def refresh(registry: JobRegistry, rec: JobRecord, client: SlurmClient | None = 
     slurm_id = rec.extra.get("slurm_job_id")
     if not slurm_id or rec.state.terminal:
         return rec
-    job = (client or SlurmClient()).job(slurm_id)
+    job = (client or SlurmClient()).job(slurm_id, sacct=rec.extra.get("sacct", True))
     if job is None:
         registry.finish(rec.id, JobState.FAILED, None, f"Slurm no longer knows job {slurm_id}")
     elif job.dtrain_state.terminal:
@@ -285,21 +299,27 @@ def refresh(registry: JobRegistry, rec: JobRecord, client: SlurmClient | None = 
         registry.finish(rec.id, job.dtrain_state, job.exit_code, reason)
     elif job.dtrain_state == JobState.RUNNING:
         fields = {"nodes": job.nodes} if job.nodes and job.nodes != rec.nodes else {}
-        if rec.state == JobState.PENDING:  # the pending reason no longer holds
-            fields.update(state=JobState.RUNNING, started=registry.clock(), reason="")
+        if rec.state == JobState.PENDING:
+            fields.update(state=JobState.RUNNING, started=registry.clock())
+        if rec.reason:  # the pending reason (first queued, or requeued) no longer holds
+            fields.update(reason="")
         if fields:
             registry.update(rec.id, **fields)
-    elif job.reason != rec.reason:
-        registry.update(rec.id, reason=job.reason)
+    elif rec.state != JobState.PENDING or job.reason != rec.reason:  # queued, or requeued after a run
+        registry.update(rec.id, state=JobState.PENDING, reason=job.reason or "requeued")
     return registry.get(rec.id)
 
 
 def first_task_error(log: Path) -> str:
-    """'h2 (Exited with exit code 1)' from srun's first task error in the job's output."""
+    """'h2 (Exited with exit code 1)' from srun's first task error in the job's output,
+    or 'h2 (preflight: port: ...)' when the preflight step failed there."""
     try:
-        m = _TASK_ERROR.search(log.read_text(errors="replace"))
+        text = log.read_text(errors="replace")
     except OSError:
         return ""
+    if m := _PREFLIGHT_FAILED.search(text):
+        return f"{m.group(1)} (preflight: {m.group(2).strip()})"
+    m = _TASK_ERROR.search(text)
     return f"{m.group(1)} ({m.group(2).strip()})" if m else ""
 
 

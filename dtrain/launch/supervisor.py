@@ -27,11 +27,13 @@ from dtrain.paths import job_dir, open_private, write_text_atomic
 JOB_FILE = "job.json"
 
 
-def write_job_file(directory: Path, plan: LaunchPlan, cluster, job) -> dict[str, str]:
-    """Write job.json without its secret values; returns them (see dtrain.jobs.secrets)."""
+def write_job_file(directory: Path, plan: LaunchPlan, cluster, job, *, extra: dict | None = None) -> dict[str, str]:
+    """Write job.json without its secret values; returns them (see dtrain.jobs.secrets).
+    `extra`: what the backend learnt once it executed the plan (Slurm's job id)."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     data, values = secrets.split(
-        {"plan": plan.to_json(), "cluster": cluster.model_dump(), "job": job.model_dump()}, job.secret_env
+        {"plan": plan.to_json(), "cluster": cluster.model_dump(), "job": job.model_dump(), **(extra or {})},
+        job.secret_env,
     )
     write_text_atomic(directory / JOB_FILE, json.dumps(data, indent=2))
     return values
@@ -39,10 +41,13 @@ def write_job_file(directory: Path, plan: LaunchPlan, cluster, job) -> dict[str,
 
 def read_job_file(directory: Path, values: dict[str, str] | None = None):
     from dtrain.cluster.spec import ClusterSpec
+    from dtrain.launch.slurm import SlurmCluster
     from dtrain.launch.spec import JobSpec
 
     data = secrets.join(json.loads((directory / JOB_FILE).read_text()), values or {})
-    return LaunchPlan.from_json(data["plan"]), ClusterSpec.model_validate(data["cluster"]), JobSpec.model_validate(data["job"])
+    plan = LaunchPlan.from_json(data["plan"])
+    cluster = (SlurmCluster if plan.batch is not None else ClusterSpec).model_validate(data["cluster"])
+    return plan, cluster, JobSpec.model_validate(data["job"])
 
 
 @contextmanager
@@ -100,9 +105,10 @@ def _supervise(job_id: str, plan: LaunchPlan, runners: dict, directory: Path, *,
     return outcome
 
 
-def spawn(job_id: str, registry: JobRegistry, secret_values: dict[str, str]) -> int:
-    """Start the detached supervisor of `job_id`; returns its pid (also recorded). The
-    secret values the job file lacks go down a pipe, never into a file or argv."""
+def spawn(job_id: str, registry: JobRegistry, secret_values: dict[str, str], *, record: bool = True) -> int:
+    """Start the detached supervisor of `job_id`; returns its pid (also recorded, unless
+    `record` is off: a scheduler's job lives on without it). The secret values the job
+    file lacks go down a pipe, never into a file or argv."""
     directory = job_dir(job_id)
     with open_private(directory / "supervisor.log", "ab") as log:
         proc = subprocess.Popen(
@@ -111,7 +117,8 @@ def spawn(job_id: str, registry: JobRegistry, secret_values: dict[str, str]) -> 
             start_new_session=True, close_fds=True,
         )
     secrets.send(secret_values, proc.stdin)
-    registry.set_supervisor(job_id, proc.pid)
+    if record:
+        registry.set_supervisor(job_id, proc.pid)
     return proc.pid
 
 
@@ -121,7 +128,12 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m dtrain.launch.supervisor JOB_ID", file=sys.stderr)
         return 2
     values = secrets.receive(sys.stdin)
+    plan, _, job = read_job_file(job_dir(args[0]), values)
     with open(os.devnull, "w") as devnull:
+        if plan.batch is not None:  # Slurm runs the job; this process follows it for the metrics
+            from dtrain.launch.slurm_job import watch
+
+            return watch(args[0], job, out=devnull)
         outcome = supervise(args[0], out=devnull, secret_values=values)
     return outcome.exit_code
 
