@@ -13,6 +13,21 @@ REPO = Path(__file__).resolve().parents[1]
 # The multi-host harness: the session fixture `netns_cluster` (owner: cluster).
 pytest_plugins = ["tests.netns", "tests.slurm", "tests.s3", "tests.ec2", "tests.deploy_fixtures"]
 
+# End to end by what they need, so every such test is `slow` (left out of the fast loop
+# `./dev test -m "not slow"`) without each file saying so: the `netns` hosts (three
+# namespaces with sshd; every step is an ssh round trip, ~3-8 s a test on the loaded 2-core
+# machine), a moto server process (the 22 EC2 tests took ~40 s on the loaded machine), and the
+# model of a real training run and its ONNX export (~25 s CPU, ~90 s on the loaded machine).
+SLOW_FIXTURES = frozenset({"netns_cluster", "slurm_cluster", "s3_server", "ec2_server",
+                           "trained_checkpoint", "exported_model", "checkpoint_test_scores"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook deselects by -m
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.get_closest_marker("netns") or SLOW_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture
 def dtrain_home(tmp_path, monkeypatch) -> Path:

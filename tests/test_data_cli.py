@@ -6,6 +6,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from dtrain.data.synth import synthesize
 
 
@@ -13,6 +15,7 @@ def _run(cmd: list[str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow  # two `dtrain data synth` processes: ~4 s CPU, ~12 s on the loaded 2-core machine
 def test_synth_writes_the_data_set_and_refuses_to_overwrite(dtrain_cmd, tmp_path):
     out = tmp_path / "set"
     grid = tmp_path / "grid.png"

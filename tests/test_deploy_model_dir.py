@@ -32,6 +32,7 @@ def test_the_published_directory_is_readable_by_everyone(exported_model):
         assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
 
 
+@pytest.mark.slow  # a `dtrain export` process: ~5 s CPU, ~10-14 s on the loaded 2-core machine
 def test_export_refuses_an_existing_non_model_out_before_any_work(tmp_path, dtrain_cmd):
     taken = tmp_path / "photos"
     taken.mkdir()

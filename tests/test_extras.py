@@ -53,6 +53,7 @@ def bare(tmp_path, dtrain_home) -> Bare:
     return Bare(tmp_path / "site", tmp_path)
 
 
+@pytest.mark.slow  # five `dtrain` processes and a real local job: ~6 s CPU, ~17 s on the loaded 2-core machine
 def test_without_extras_run_and_train_work_and_the_rest_name_their_extra(bare, tmp_path):
     # the blocker works: fastapi is installed here (./dev installs every extra) but not importable under it
     assert subprocess.run([sys.executable, "-c", "import fastapi"]).returncode == 0

@@ -56,6 +56,7 @@ def test_a_local_train_is_listed_logged_and_stopped_like_a_cluster_job(synth_dat
     assert wait_gone(job_id) == []
 
 
+@pytest.mark.slow  # two `dtrain train --nproc 2` processes: ~12 s CPU, ~45-55 s on the loaded 2-core machine
 def test_missing_or_empty_data_is_one_error_before_any_rank(tmp_path, dtrain_home):
     empty = tmp_path / "data"
     for cls in ("ok", "scratch"):

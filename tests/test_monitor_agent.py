@@ -123,6 +123,7 @@ def test_agent_listens_on_loopback_by_default():
         assert proc.wait(timeout=10) == 0
 
 
+@pytest.mark.slow  # two agent processes and three reporting ranks in real time: ~10 s on the loaded 2-core machine
 def test_collector_stores_series_flags_straggler_and_dead_node(tmp_path):
     ports = {"n1": free_port(), "n2": free_port()}
     agents = {n: start_agent("jobX", n, p) for n, p in ports.items()}

@@ -188,6 +188,7 @@ def test_top_cli_once(stored_job, dtrain_cmd):
     assert "rank 3 on b is a straggler" in res.stdout and "r3 0.25s" in res.stdout
 
 
+@pytest.mark.slow  # a dashboard server and headless chromium: ~12 s on the loaded 2-core machine
 def test_dashboard_of_a_finished_job_in_headless_chromium(finished_job, stored_job, dtrain_home, tmp_path):
     import re
     import shutil

@@ -48,6 +48,7 @@ def _push_env(tmp_path, **extra: str) -> dict[str, str]:
     return {**os.environ, "TMPDIR": str(staging), **extra}
 
 
+@pytest.mark.slow  # a `dtrain data push` process that waits out its timeout: ~11 s on the loaded 2-core machine
 def test_push_to_a_stalled_endpoint_fails_within_its_timeout_in_one_line(synth_data, stalled_endpoint, tmp_path):
     env = _push_env(tmp_path, AWS_ENDPOINT_URL=stalled_endpoint, AWS_ACCESS_KEY_ID="AKIAEXAMPLE",
                     AWS_SECRET_ACCESS_KEY="not-a-real-secret", AWS_DEFAULT_REGION="us-east-1",

@@ -208,6 +208,7 @@ def test_ranks_die_with_a_sigkilled_launcher(synth_data, tmp_path, dtrain_cmd):
             proc.kill()
 
 
+@pytest.mark.slow  # a `dtrain train` process (torch + torchvision imports): ~6 s CPU, ~15-22 s on the loaded 2-core machine
 @pytest.mark.parametrize("entry", ["cli", "module"])
 def test_misspelt_config_key_names_it_and_the_closest_valid_key(tmp_path, dtrain_cmd, entry):
     cfg = tmp_path / "bad.yaml"
@@ -219,6 +220,7 @@ def test_misspelt_config_key_names_it_and_the_closest_valid_key(tmp_path, dtrain
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # a `dtrain train` process: ~6 s CPU, ~15-30 s on the loaded 2-core machine
 def test_misspelt_override_via_set(dtrain_cmd):
     proc = subprocess.run(dtrain_cmd + ["train", "--set", "bach_size=4"], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 3 and "'batch_size'" in proc.stderr and "Traceback" not in proc.stderr
