@@ -77,7 +77,8 @@ def inspect(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from dtrain.serve.inspect_batch import check_output, collect_inputs, run_inspection, usable_cores
+    from dtrain.serve.cores import usable_cores
+    from dtrain.serve.inspect_batch import check_output, collect_inputs, run_inspection
     from dtrain.serve.predictor import Predictor
 
     if out is not None:

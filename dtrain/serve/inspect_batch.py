@@ -244,11 +244,6 @@ def check_output(path: Path) -> None:
         raise DtrainError(f"cannot tell the output format of {path}", f"name it with one of {', '.join(WRITERS)}")
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity, e.g. under taskset or a container)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def partial_path(out: Path) -> Path:
     return out.with_name(out.name + ".partial")
 
