@@ -176,7 +176,7 @@ def _decode_tensor(data: bytes, header: Header) -> torch.Tensor:
     import numpy as np
     import torch
 
-    return torch.from_numpy(np.asarray(_pil_rgb(data, header))).permute(2, 0, 1).contiguous()
+    return torch.from_numpy(np.array(_pil_rgb(data, header))).permute(2, 0, 1).contiguous()  # np.array: a writable copy
 
 
 def _decode_torchvision(data: bytes) -> torch.Tensor:
