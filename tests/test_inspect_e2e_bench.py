@@ -20,7 +20,7 @@ def _check(result: dict, images: int) -> None:
     assert 0.0 <= result["verdict_agreement"] <= 1.0
     assert result["inspect"]["test_miss_rate"] is not None and result["naive"]["test_miss_rate"] is not None
     assert set(result["inspect"]["summary"]["stages_s"]) == {"decode", "resize", "inference", "write", "wait"}
-    assert result["flops_per_image"] > 0 and result["cpu_peak_flops"] > 0
+    assert result["flops_per_image"] > 0 and result["backend_peak_flops"] > 0
     assert 0 < result["inspect"]["share_of_peak"] < 1
 
 
