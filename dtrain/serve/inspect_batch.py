@@ -4,9 +4,9 @@ The pipeline overlaps: worker threads read, decode and resize whole batches (eac
 into one preallocated uint8 array) while the calling thread runs the network on the
 batch before; at most `workers + 1` batches are in flight, so memory stays bounded
 however many images there are. Rows come out in input order. Threads, not processes:
-Pillow releases the GIL while it decodes and resizes, and a process pool measured
-slower on the quickstart images (pickling every batch back costs more than the GIL
-contention it avoids; BENCHMARKS.md, "dtrain inspect end to end").
+Pillow releases the GIL while it decodes and resizes, and a process pool cost ~20 %
+more CPU per quickstart image (every batch pickled back to the parent; BENCHMARKS.md,
+"dtrain inspect end to end"), CPU the network needs: inference is most of the work.
 
 An unreadable image (animated, too large, damaged: dtrain.data.decode's refusals)
 becomes a row with an error, never an exception. Rows are written and flushed batch by
