@@ -1,5 +1,5 @@
 """`dtrain inspect` with the files of issue 10: an animated GIF is a row with an error
-(the run goes on), and a run that dies leaves the previous results file whole."""
+(the run goes on), and a run that dies leaves the previous results file whole and its judged rows beside it."""
 
 from __future__ import annotations
 
@@ -54,7 +54,11 @@ def test_a_failed_run_keeps_the_previous_results_file(exported_model, synth_data
     run_inspection(predictor, paths, out, batch=4, workers=1)
     before = out.read_text()
     assert len(before.splitlines()) == 1 + len(paths)
-    with pytest.raises(RuntimeError, match="killed midway"):
+    with pytest.raises(RuntimeError, match="killed midway") as info:
         run_inspection(_Dies(predictor), paths, out, batch=4, workers=1)
     assert out.read_text() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.csv"]
+    # The rows judged before the failure were flushed beside it, and the error says where.
+    partial = tmp_path / "results.csv.partial"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.csv", partial.name]
+    assert partial.read_text().splitlines() == before.splitlines()[:5]
+    assert any(str(partial) in note for note in info.value.__notes__)

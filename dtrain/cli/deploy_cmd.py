@@ -67,13 +67,17 @@ def inspect(
     inputs: list[str] = typer.Argument(..., help="Image files, directories (searched recursively) or quoted globs."),
     out: Path | None = typer.Option(None, "--out", "-o", help="results.csv or results.jsonl (format by extension)."),
     batch: int = typer.Option(32, "--batch", min=1, help="Images per inference batch."),
-    workers: int = typer.Option(4, "--workers", min=1, help="Decoding threads."),
+    workers: int | None = typer.Option(None, "--workers", min=1, help="Decoding threads (default: one per core)."),
     backend: str | None = typer.Option(None, "--backend", help="Override the model directory's preferred backend."),
+    json_summary: bool = typer.Option(False, "--json", help="Also print the summary (counts, images/s, stages) as JSON on stdout."),
 ) -> None:
     """Inspect images offline: a verdict per image, to CSV/JSONL, and a summary."""
+    import json
+
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from dtrain.serve.cores import usable_cores
     from dtrain.serve.inspect_batch import check_output, collect_inputs, run_inspection
     from dtrain.serve.predictor import Predictor
 
@@ -82,19 +86,29 @@ def inspect(
     paths = collect_inputs(inputs)
     predictor = Predictor(model_dir, backend)
     console = Console(stderr=True)
-    columns = (TextColumn("inspecting"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    columns = (TextColumn("inspecting"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[rate]}"), TimeRemainingColumn())
+    # Rich draws the bar only on a terminal; piped or in a log, the summary alone is printed.
     with Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task("inspect", total=len(paths))
-        summary = run_inspection(predictor, paths, out, batch=batch, workers=workers,
-                                 progress=lambda n: bar.advance(task, n))
+        task = bar.add_task("inspect", total=len(paths), rate="")
+
+        def advance(n: int) -> None:
+            bar.advance(task, n)
+            speed = bar.tasks[task].speed
+            bar.update(task, rate=f"{speed:.0f} images/s" if speed else "")
+
+        summary = run_inspection(predictor, paths, out, batch=batch, workers=workers or usable_cores(), progress=advance)
     console.print(
         f"{summary.images} images: [green]{summary.ok} ok[/], [red]{summary.defect} defect[/], "
         f"[yellow]{summary.errors} unreadable[/] in {summary.seconds:.1f} s "
         f"({summary.images_per_s:.0f} images/s, backend {predictor.backend})"
         + (f" -> {out}" if out else "")
     )
+    console.print(f"time per stage (thread-seconds): {summary.stages.describe()}", highlight=False)
     for path in summary.error_paths[:10]:
         console.print(f"  unreadable: {path}")
+    if json_summary:
+        typer.echo(json.dumps({**summary.as_json(), "backend": predictor.backend, "out": str(out) if out else None}))
 
 
 def serve(

@@ -11,6 +11,11 @@ What is accepted: one still image of any size within the limits, grey, grey + al
 palette, RGB, RGBA, CMYK, at 8 or 16 bits per sample (16 bits keep their high byte;
 alpha is dropped). What is refused, with a reason: animated or multi-page files (which
 frame would be the part?), 32-bit integer or float samples, and anything unreadable.
+
+Two outputs, one set of checks: `decode` gives a torch tensor for training and
+evaluation (torchvision's native decoders where it has them), `decode_pil` an 8-bit RGB
+Pillow image for the torch-free inspection runtime (dtrain.serve.images). This module
+imports neither torch nor torchvision at module level, so the runtime never loads them.
 """
 
 from __future__ import annotations
@@ -21,9 +26,13 @@ import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
-import torch
+if TYPE_CHECKING:
+    import torch
+    from PIL.Image import Image as PILImage
 
+T = TypeVar("T")
 # torchvision 0.29 marks its image codecs deprecated in favour of torchcodec (not a
 # dependency here); the codecs still work, and the warning would fire in every
 # DataLoader worker and bury real ones.
@@ -114,35 +123,64 @@ def check(header: Header, max_pixels: int, max_decode_bytes: int) -> None:
                            "is not supported: save it with 8 or 16 bits per sample")
 
 
+Admit = Callable[[int], AbstractContextManager]
+
+
 def decode(
     data: bytes,
     *,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES,
-    admit: Callable[[int], AbstractContextManager] = lambda _nbytes: nullcontext(),
+    admit: Admit = lambda _nbytes: nullcontext(),
 ) -> torch.Tensor:
     """Encoded image -> uint8 [3, H, W] RGB; raises ImageRefused (nothing else) for any
     file it will not or cannot decode. The decode itself runs inside `admit(decode_bytes)`
     (the service's memory budget shared by concurrent decodes)."""
+    header, img = _checked_decode(data, max_pixels, max_decode_bytes, admit, _decode_tensor)
+    if img.ndim != 3 or img.shape[0] != 3:  # the header check makes this unreachable; the batch stack relies on it
+        raise ImageRefused(f"the {header.format} decoded to shape {tuple(img.shape)}, not one RGB image")
+    return img
+
+
+def decode_pil(
+    data: bytes,
+    *,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES,
+    admit: Admit = lambda _nbytes: nullcontext(),
+) -> PILImage:
+    """The same checks and refusals as `decode`, by Pillow alone: an 8-bit RGB image."""
+    return _checked_decode(data, max_pixels, max_decode_bytes, admit, _pil_rgb)[1]
+
+
+def _checked_decode(data: bytes, max_pixels: int, max_decode_bytes: int, admit: Admit,
+                    how: Callable[[bytes, Header], T]) -> tuple[Header, T]:
     header = read_header(data)
     check(header, max_pixels, max_decode_bytes)
     from PIL import Image
 
     try:
         with admit(header.decode_bytes):
-            img = _decode_torchvision(data) if header.format in _TORCHVISION_FORMATS else _decode_pillow(data)
+            return header, how(data, header)
     except Image.DecompressionBombError as exc:
         raise ImageRefused(f"image refused: {exc}", too_large=True) from None
     except (OSError, ValueError, SyntaxError, RuntimeError, EOFError):
         # Truncated or damaged data surfaces only while decoding; the decoders' own
         # messages name C++ source lines, which help nobody here.
         raise ImageRefused(f"cannot decode the {header.format} data: the file is corrupt or truncated") from None
-    if img.ndim != 3 or img.shape[0] != 3:  # the header check makes this unreachable; the batch stack relies on it
-        raise ImageRefused(f"the {header.format} decoded to shape {tuple(img.shape)}, not one RGB image")
-    return img
+
+
+def _decode_tensor(data: bytes, header: Header) -> torch.Tensor:
+    if header.format in _TORCHVISION_FORMATS:
+        return _decode_torchvision(data)
+    import numpy as np
+    import torch
+
+    return torch.from_numpy(np.array(_pil_rgb(data, header))).permute(2, 0, 1).contiguous()  # np.array: a writable copy
 
 
 def _decode_torchvision(data: bytes) -> torch.Tensor:
+    import torch
     from torchvision.io import ImageReadMode, decode_image
 
     img = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
@@ -152,18 +190,18 @@ def _decode_torchvision(data: bytes) -> torch.Tensor:
 def _high_byte(img: torch.Tensor) -> torch.Tensor:
     """uint16 [3, H, W] -> uint8 by keeping each sample's high byte, read in place from
     the decoder's HWC buffer: no int32 copy at 4x the image's size."""
+    import torch
+
     hwc = img.permute(1, 2, 0).contiguous()  # torchvision's output is an HWC buffer already: no copy
     high = 1 if sys.byteorder == "little" else 0
     return hwc.view(torch.uint8)[..., high::2].permute(2, 0, 1).contiguous()
 
 
-def _decode_pillow(data: bytes) -> torch.Tensor:
+def _pil_rgb(data: bytes, header: Header) -> PILImage:
     import numpy as np
     from PIL import Image
-    from torchvision.transforms.v2.functional import pil_to_tensor
 
     with Image.open(io.BytesIO(data)) as img:
         if img.mode.startswith("I;16"):  # Pillow's convert("RGB") would clip these at 255
-            grey = torch.from_numpy((np.asarray(img, dtype=np.uint16) >> 8).astype(np.uint8))
-            return grey.unsqueeze(0).expand(3, -1, -1).contiguous()
-        return pil_to_tensor(img.convert("RGB"))
+            return Image.fromarray((np.asarray(img, dtype=np.uint16) >> 8).astype(np.uint8)).convert("RGB")
+        return img.convert("RGB")

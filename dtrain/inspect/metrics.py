@@ -14,7 +14,6 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.stats import beta
 
 
 def clopper_pearson_upper(k: int, n: int, confidence: float = 0.95) -> float:
@@ -29,6 +28,10 @@ def clopper_pearson_upper(k: int, n: int, confidence: float = 0.95) -> float:
         return 1.0
     if k == 0:
         return 1.0 - (1.0 - confidence) ** (1.0 / n)
+    # Imported here: the inspection runtime uses this module's verdict functions and
+    # must not load scipy (tests/test_runtime_imports.py).
+    from scipy.stats import beta
+
     return float(beta.ppf(confidence, k + 1, n - k))
 
 

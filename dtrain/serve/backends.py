@@ -72,11 +72,18 @@ class _OnnxRuntime(Backend):
     def load(self, path: Path) -> Runner:
         import onnxruntime as ort
 
+        from dtrain.serve.cores import usable_cores
+
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         # Idle intra-op threads would otherwise spin between batches, taking the CPU
         # from the decoding threads that feed the next batch.
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # One intra-op thread per core this process may use (ORT's default counts the
+        # machine's physical cores, too many under taskset or a container's cpuset).
+        # Inference is ~85 % of `dtrain inspect`'s work, so it gets every core; the
+        # decoding threads run only while their bounded queue has room (inspect_batch.py).
+        opts.intra_op_num_threads = usable_cores()
         session = ort.InferenceSession(str(path), sess_options=opts, providers=_ort_providers())
         input_name = session.get_inputs()[0].name
 

@@ -2,8 +2,13 @@
 
 dtrain.data.decode checks the pixel count and the decode memory from the header, and
 refuses animated and unsupported files, before decoding; here its refusals become the
-HTTP status they deserve (413 too large, 422 unreadable). The resize is the training
-data's too (dtrain.data.transforms), so a served image gives exactly the evaluated scores.
+HTTP status they deserve (413 too large, 422 unreadable).
+
+No torch here: the runtime decodes with Pillow (decode_pil) and resizes with Pillow's
+antialiased bilinear filter, the one torchvision's `resize(antialias=True)` for uint8
+(dtrain.data.transforms.resize_uint8, used in training and evaluation) was written to
+reproduce; tests/test_runtime_preprocess.py holds the two to within one grey level and
+the verdicts to identical. Both release the GIL, so decoding threads run in parallel.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dtrain.data.decode import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS, ImageRefused, decode
+from dtrain.data.decode import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS, ImageRefused, decode_pil
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".gif"})
 
@@ -57,14 +62,26 @@ class DecodeBudget:
 def prepare_bytes(data: bytes, size: int, max_pixels: int = DEFAULT_MAX_PIXELS,
                   max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES, budget: DecodeBudget | None = None) -> np.ndarray:
     """Encoded image -> uint8 [3, size, size]; raises ImageRejected."""
-    from dtrain.data.transforms import resize_uint8
+    return resize(decode_checked(data, max_pixels, max_decode_bytes, budget), size)
 
+
+def decode_checked(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES,
+                   budget: DecodeBudget | None = None):
+    """Encoded image -> 8-bit RGB Pillow image; raises ImageRejected."""
     try:
         kw = {"admit": budget.hold} if budget is not None else {}
-        img = decode(data, max_pixels=max_pixels, max_decode_bytes=max_decode_bytes, **kw)
+        return decode_pil(data, max_pixels=max_pixels, max_decode_bytes=max_decode_bytes, **kw)
     except ImageRefused as exc:
         raise ImageRejected(413 if exc.too_large else 422, exc.message) from None
-    return resize_uint8(img, size).contiguous().numpy()
+
+
+def resize(img, size: int) -> np.ndarray:
+    """RGB Pillow image -> uint8 [3, size, size] (a view of an HWC array: np.stack copies it once)."""
+    from PIL import Image
+
+    if img.size != (size, size):
+        img = img.resize((size, size), Image.Resampling.BILINEAR)
+    return np.asarray(img).transpose(2, 0, 1)
 
 
 def prepare_file(path: str | Path, size: int, max_pixels: int = DEFAULT_MAX_PIXELS,

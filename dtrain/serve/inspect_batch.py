@@ -1,10 +1,20 @@
 """`dtrain inspect`: files, directories and globs -> one verdict row per image.
 
-Decoding runs in a thread pool (Pillow and torchvision's decoders release the GIL) a
-couple of batches ahead of inference, which runs on the calling thread. An unreadable
-image (animated, too large, damaged: dtrain.data.decode's refusals) becomes a row with
-an error, never an exception. The results file is written beside its final name and
-renamed over it at the end, so a run that dies leaves the previous results whole.
+The pipeline overlaps: worker threads read, decode and resize whole batches (each
+into one preallocated uint8 array) while the calling thread runs the network on the
+batch before; at most `workers + 1` batches are in flight, so memory stays bounded
+however many images there are. Rows come out in input order. Threads, not processes:
+Pillow releases the GIL while it decodes and resizes, and a process pool cost ~20 %
+more CPU per quickstart image (every batch pickled back to the parent; BENCHMARKS.md,
+"dtrain inspect end to end"), CPU the network needs: inference is most of the work.
+
+An unreadable image (animated, too large, damaged: dtrain.data.decode's refusals)
+becomes a row with an error, never an exception. Rows are written and flushed batch by
+batch to OUT.partial, which is renamed over OUT at the end: a run that dies keeps the
+previous results whole and the rows it had judged in the .partial file.
+
+Where the time goes is measured per stage (`Stages`): thread-seconds of reading and
+decoding, resizing, inference and writing, and how long inference waited for images.
 """
 
 from __future__ import annotations
@@ -17,17 +27,16 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
 
 import numpy as np
 
 from dtrain.errors import DtrainError
-from dtrain.serve.images import DEFAULT_MAX_PIXELS, IMAGE_SUFFIXES, ImageRejected, prepare_file
+from dtrain.serve.images import DEFAULT_MAX_PIXELS, IMAGE_SUFFIXES, ImageRejected, decode_checked, resize
 
 COLUMNS = ("path", "verdict", "class", "p_defect", "error")
-PREFETCH_BATCHES = 2
 
 
 @dataclass
@@ -43,12 +52,36 @@ class Row:
 
 
 @dataclass
+class Stages:
+    """Seconds per pipeline stage, summed over the threads that ran it. `decode`
+    includes reading the file; `wait` is inference waiting for decoded images (the
+    decoders are the bottleneck when it is large)."""
+
+    decode: float = 0.0
+    resize: float = 0.0
+    inference: float = 0.0
+    write: float = 0.0
+    wait: float = 0.0
+
+    def shares(self) -> dict[str, float]:
+        """Each working stage's share of all working time (wait excluded)."""
+        work = {k: v for k, v in asdict(self).items() if k != "wait"}
+        total = sum(work.values()) or 1.0
+        return {k: v / total for k, v in work.items()}
+
+    def describe(self) -> str:
+        parts = [f"{k} {getattr(self, k):.2f} s ({share:.0%})" for k, share in self.shares().items()]
+        return ", ".join(parts) + f"; inference waited {self.wait:.2f} s for images"
+
+
+@dataclass
 class Summary:
     ok: int = 0
     defect: int = 0
     errors: int = 0
     seconds: float = 0.0
     error_paths: list[str] = field(default_factory=list)
+    stages: Stages = field(default_factory=Stages)
 
     @property
     def images(self) -> int:
@@ -66,6 +99,13 @@ class Summary:
             self.defect += 1
         else:
             self.ok += 1
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "images": self.images, "ok": self.ok, "defect": self.defect, "errors": self.errors,
+            "seconds": self.seconds, "images_per_s": self.images_per_s, "error_paths": self.error_paths,
+            "stages_s": asdict(self.stages), "stage_shares": self.stages.shares(),
+        }
 
 
 def collect_inputs(inputs: Iterable[str]) -> list[Path]:
@@ -92,6 +132,39 @@ def _images_under(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
 
 
+@dataclass
+class _Prepared:
+    images: np.ndarray  # uint8 [n_good, 3, S, S]
+    good: list[int]  # index in the chunk of each image in `images`
+    errors: dict[int, str]  # index in the chunk -> why it was not judged
+    decode_s: float
+    resize_s: float
+
+
+def _prepare(paths: list[Path], size: int, max_pixels: int, clock: Callable[[], float]) -> _Prepared:
+    images = np.empty((len(paths), 3, size, size), dtype=np.uint8)
+    good: list[int] = []
+    errors: dict[int, str] = {}
+    decode_s = resize_s = 0.0
+    for i, path in enumerate(paths):
+        t0 = clock()
+        try:
+            img = decode_checked(path.read_bytes(), max_pixels)
+        except ImageRejected as exc:
+            errors[i] = exc.message
+            continue
+        except OSError as exc:  # missing, unreadable, a directory...
+            errors[i] = f"cannot read the file: {exc.strerror or exc}"
+            continue
+        finally:
+            t1 = clock()
+            decode_s += t1 - t0
+        images[len(good)] = resize(img, size)
+        good.append(i)
+        resize_s += clock() - t1
+    return _Prepared(images[: len(good)], good, errors, decode_s, resize_s)
+
+
 def inspect_paths(
     predictor,
     paths: list[Path],
@@ -100,37 +173,42 @@ def inspect_paths(
     workers: int = 4,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     progress: Callable[[int], None] | None = None,
+    stages: Stages | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Iterator[Row]:
-    """Verdict rows in input order; `progress(n)` after each batch of n images."""
+    """Verdict rows in input order; `progress(n)` after each batch of n images (its rows
+    all yielded); time per stage added to `stages`."""
+    stages = stages if stages is not None else Stages()
     size = predictor.image_size
-    chunks = [paths[i : i + batch] for i in range(0, len(paths), batch)]
-
-    def decode(path: Path) -> np.ndarray | str:
-        try:
-            return prepare_file(path, size, max_pixels)
-        except ImageRejected as exc:
-            return exc.message
-        except OSError as exc:  # missing, unreadable, a directory...
-            return f"cannot read the file: {exc.strerror or exc}"
-
+    chunks = iter([paths[i : i + batch] for i in range(0, len(paths), batch)])
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dtrain-decode") as pool:
-        pending: deque[list[Future]] = deque()
-        for chunk in chunks[:PREFETCH_BATCHES]:
-            pending.append([pool.submit(decode, p) for p in chunk])
-        next_chunk = len(pending)
-        for chunk in chunks:
-            futures = pending.popleft()
-            if next_chunk < len(chunks):
-                pending.append([pool.submit(decode, p) for p in chunks[next_chunk]])
-                next_chunk += 1
-            decoded = [f.result() for f in futures]
-            good = [i for i, d in enumerate(decoded) if not isinstance(d, str)]
-            verdicts = predictor.predict(np.stack([decoded[i] for i in good])) if good else []
-            by_index = dict(zip(good, verdicts, strict=True))
+        # One batch per worker being prepared and one ready: inference never waits while
+        # the decoders keep up, and no more than workers + 1 batches sit in memory.
+        pending: deque[tuple[list[Path], Future[_Prepared]]] = deque()
+
+        def submit_next() -> None:
+            chunk = next(chunks, None)
+            if chunk is not None:
+                pending.append((chunk, pool.submit(_prepare, chunk, size, max_pixels, clock)))
+
+        for _ in range(workers + 1):
+            submit_next()
+        while pending:
+            chunk, future = pending.popleft()
+            t0 = clock()
+            prepared = future.result()
+            t1 = clock()
+            submit_next()
+            verdicts = predictor.predict(prepared.images) if prepared.good else []
+            stages.wait += t1 - t0
+            stages.inference += clock() - t1
+            stages.decode += prepared.decode_s
+            stages.resize += prepared.resize_s
+            by_index = dict(zip(prepared.good, verdicts, strict=True))
             for i, path in enumerate(chunk):
                 v = by_index.get(i)
                 if v is None:
-                    yield Row(str(path), error=str(decoded[i]))
+                    yield Row(str(path), error=prepared.errors[i])
                 else:
                     yield Row(str(path), v.verdict, v.cls, v.p_defect)
             if progress is not None:
@@ -166,6 +244,10 @@ def check_output(path: Path) -> None:
         raise DtrainError(f"cannot tell the output format of {path}", f"name it with one of {', '.join(WRITERS)}")
 
 
+def partial_path(out: Path) -> Path:
+    return out.with_name(out.name + ".partial")
+
+
 def run_inspection(
     predictor,
     paths: list[Path],
@@ -176,28 +258,40 @@ def run_inspection(
     progress: Callable[[int], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Summary:
-    """Inspect `paths`, writing every row to `out` (CSV/JSONL by its suffix) when given."""
-    tmp = None
+    """Inspect `paths`, streaming every row to `out` (CSV/JSONL by its suffix) when given."""
+    partial = None
     if out is not None:
         check_output(out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+        partial = partial_path(out)
     summary = Summary()
     start = clock()
-    f = open(tmp, "w", newline="") if tmp is not None else None
+    f = open(partial, "w", newline="") if partial is not None else None
+    writer = WRITERS[out.suffix.lower()](f) if out is not None and f is not None else None
+
+    def batch_done(n: int) -> None:
+        if f is not None:
+            t0 = clock()
+            f.flush()  # a crash loses no judged row
+            summary.stages.write += clock() - t0
+        if progress is not None:
+            progress(n)
+
     try:
-        writer = WRITERS[out.suffix.lower()](f) if out is not None and f is not None else None
-        for row in inspect_paths(predictor, paths, batch=batch, workers=workers, progress=progress):
+        for row in inspect_paths(predictor, paths, batch=batch, workers=workers, progress=batch_done,
+                                 stages=summary.stages, clock=clock):
             summary.add(row)
             if writer is not None:
+                t0 = clock()
                 writer.write(row)
+                summary.stages.write += clock() - t0
+    except BaseException as exc:
         if f is not None:
             f.close()
-            os.replace(tmp, out)
-    finally:
-        if f is not None:
-            f.close()
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
+            exc.add_note(f"dtrain inspect: the {summary.images} rows judged before this are in {partial}")
+        raise
+    if f is not None:
+        f.close()
+        os.replace(partial, out)
     summary.seconds = clock() - start
     return summary

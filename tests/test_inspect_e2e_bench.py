@@ -1,0 +1,45 @@
+"""bench/inspect_e2e.py --quick runs end to end and reports what the acceptance check
+reads (behaviour only: no figure is asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "inspect_e2e.py"
+
+
+def _check(result: dict, images: int) -> None:
+    assert result["images"] == images
+    assert result["inspect"]["images_per_s"] > 0 and result["naive"]["images_per_s"] > 0
+    assert result["ratio"] == pytest.approx(result["inspect"]["images_per_s"] / result["naive"]["images_per_s"])
+    assert 0.0 <= result["verdict_agreement"] <= 1.0
+    assert result["inspect"]["test_miss_rate"] is not None and result["naive"]["test_miss_rate"] is not None
+    assert set(result["inspect"]["summary"]["stages_s"]) == {"decode", "resize", "inference", "write", "wait"}
+    assert result["flops_per_image"] > 0 and result["backend_peak_flops"] > 0
+    assert 0 < result["inspect"]["share_of_peak"] < 1
+
+
+def test_quick_bench_on_an_existing_run(trained_checkpoint, synth_data, exported_model, tmp_path):
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--checkpoint", str(trained_checkpoint),
+                           "--data", str(synth_data), "--model", str(exported_model), "--workdir", str(tmp_path),
+                           "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    _check(result, len(list(synth_data.rglob("*.png"))))
+    assert result["naive"]["images"] == 40
+    assert "verdict agreement" in proc.stdout and "peak" in proc.stdout
+
+
+@pytest.mark.slow
+def test_quick_bench_synthesises_trains_and_exports(tmp_path):
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--workdir", str(tmp_path), "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _check(json.loads(out.read_text()), 120)

@@ -1,0 +1,64 @@
+"""`dtrain inspect`'s overlapped pipeline: rows in input order whatever the batch and
+thread counts, a bad image is a row with its reason, and the summary says where the
+time went."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tests.image_fixtures import animated_gif
+
+
+@pytest.fixture(scope="module")
+def mixed(synth_data, tmp_path_factory):
+    """Good images with unreadable ones between them; the unreadable names."""
+    folder = tmp_path_factory.mktemp("mixed")
+    good = sorted((synth_data / "test").rglob("*.png"))[:21]
+    paths = []
+    for i, p in enumerate(good):
+        paths.append(p)
+        if i % 6 == 2:
+            bad = folder / f"bad{i}.png"
+            bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"garbage" * 10 if i % 12 == 2 else animated_gif())
+            paths.append(bad)
+    return paths, {p.name for p in paths if p.name.startswith("bad")}
+
+
+@pytest.mark.parametrize(("batch", "workers"), [(1, 1), (4, 3), (8, 2), (64, 2)])
+def test_rows_come_in_input_order_with_bad_images_as_rows(exported_model, mixed, batch, workers):
+    from dtrain.serve.images import prepare_file
+    from dtrain.serve.inspect_batch import Stages, inspect_paths
+    from dtrain.serve.predictor import Predictor
+
+    paths, bad = mixed
+    predictor = Predictor(exported_model)
+    stages = Stages()
+    rows = list(inspect_paths(predictor, paths, batch=batch, workers=workers, stages=stages))
+    assert [r.path for r in rows] == [str(p) for p in paths]
+    for path, row in zip(paths, rows, strict=True):
+        if path.name in bad:
+            assert row.error and not row.verdict, row
+        else:  # the same verdict as the image judged on its own
+            alone = predictor.predict(prepare_file(path, predictor.image_size)[None])[0]
+            assert (row.verdict, row.cls) == (alone.verdict, alone.cls)
+            assert row.p_defect == pytest.approx(alone.p_defect, abs=1e-6)
+    assert stages.decode > 0 and stages.inference > 0
+
+
+def test_cli_summary_has_the_stage_breakdown(exported_model, mixed, tmp_path, dtrain_cmd):
+    paths, bad = mixed
+    out = tmp_path / "r.csv"
+    proc = subprocess.run(dtrain_cmd + ["inspect", str(exported_model), *map(str, paths), "--out", str(out), "--batch", "8", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["images"] == len(paths) and summary["errors"] == len(bad)
+    assert set(summary["stages_s"]) == {"decode", "resize", "inference", "write", "wait"}
+    assert summary["stages_s"]["inference"] > 0 and summary["stages_s"]["write"] > 0
+    assert sum(summary["stage_shares"].values()) == pytest.approx(1.0)
+    assert "time per stage" in proc.stderr and "inference" in proc.stderr
+    assert len(out.read_text().splitlines()) == 1 + len(paths)
+    assert not (tmp_path / "r.csv.partial").exists()
