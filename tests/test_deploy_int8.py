@@ -23,14 +23,14 @@ def int8_case(trained_checkpoint, synth_data, exported_model, tmp_path_factory):
     from dtrain.serve.export import Deployable
     from dtrain.serve.predictor import softmax64
     from dtrain.serve.quantize import quantize_int8
-    from dtrain.serve.verify import calibration_images, load_val, reference_logits
+    from dtrain.serve.verify import calibration_sample, load_val, reference_logits
     from dtrain.train.checkpoint import load_for_inference
 
     model, meta = load_for_inference(trained_checkpoint)
     val = load_val(str(synth_data), meta)
     neg = meta["classes"].index(meta["negative_class"])
     q_path = tmp_path_factory.mktemp("int8") / "q.onnx"
-    calib = calibration_images(None, val.data_cfg, int(meta["image_size"]), CALIBRATION_IMAGES)
+    calib = calibration_sample(val.images, CALIBRATION_IMAGES)
     quantize_int8(exported_model / "model.onnx", q_path, calib)
 
     import onnxruntime as ort
@@ -52,7 +52,7 @@ def int8_case(trained_checkpoint, synth_data, exported_model, tmp_path_factory):
     return kept, broken
 
 
-# The export's default sample (the fixture's train split is smaller: all of it).
+# The export's default sample (the fixture's validation split is smaller: all of it).
 CALIBRATION_IMAGES = 256
 
 
@@ -76,7 +76,7 @@ def test_int8_export_within_target_ships(int8_case, trained_checkpoint, synth_da
     assert set(card.backends) == {"ort-fp32", "ort-int8"}
     check = card.verification["ort-int8"]
     assert check.miss_rate <= kept and check.max_abs_p_defect_diff > 0
-    assert load_card(tmp_path / "m").files.keys() == {"model.onnx", "model.int8.onnx"}
+    assert load_card(tmp_path / "m").files.keys() == {"model.onnx", "model.int8.onnx", "recheck_sample.npz"}
     # The int8 file is the quantised one: far smaller than fp32, and it runs.
     assert (tmp_path / "m" / "model.int8.onnx").stat().st_size < (tmp_path / "m" / "model.onnx").stat().st_size / 2
     images = np.zeros((3, 3, 32, 32), np.uint8)

@@ -15,9 +15,12 @@ def export(
     checkpoint: Path = typer.Argument(..., help="A dtrain checkpoint (OUTPUT/checkpoints/last.pt)."),
     out: Path = typer.Option(..., "--out", "-o", help="The model directory to write (replaced if it holds a model)."),
     format: str = typer.Option("all", "--format", help="Networks to write: onnx, torch (a torch.export program), or all."),
-    quantize: str = typer.Option("none", "--quantize", help="none, int8 (ONNX Runtime static) or bf16 (torch autocast)."),
+    quantize: str = typer.Option(
+        "auto", "--quantize",
+        help="auto (int8, and bf16 where the machine has it, each kept only within target), none, int8 or bf16 (each required).",
+    ),
     data: str | None = typer.Option(None, "--data", help="Data root whose val split verifies the export (default: the training run's)."),
-    calibration: str | None = typer.Option(None, "--calibration", help="Images (dir or glob) to calibrate int8 on (default: the train split)."),
+    calibration: str | None = typer.Option(None, "--calibration", help="Images (dir or glob) to calibrate int8 on (default: 256 of the val split)."),
     target_miss_rate: float = typer.Option(0.005, "--target-miss-rate", help="The threshold keeps the val miss rate at or under this."),
     threshold_rule: str = typer.Option(
         "bound95", "--threshold-rule",
@@ -51,15 +54,20 @@ def export(
 def _print_card(console, card, out: Path) -> None:
     from rich.table import Table
 
+    choice = next(c for c in card.machine_choices.values() if c.source == "export")
     table = Table(title=f"{out}: threshold {card.threshold:.4f} for a target miss rate of {card.target_miss_rate:.2%} "
                         f"({card.threshold_rule})")
-    for col in ("backend", f"images/s @ {card.throughput_batch}", "verdict agreement", "max |dP|", "val miss rate"):
+    for col in ("backend", "verdict agreement", "val miss rate", f"images/s @ {choice.batch}", "chosen"):
         table.add_column(col)
-    for name, ips in sorted(card.throughput_images_per_s.items(), key=lambda kv: -kv[1]):
-        v = card.verification[name]
-        mark = " (preferred)" if name == card.preferred_backend else ""
-        table.add_row(name + mark, f"{ips:.1f}", f"{v.verdict_agreement:.2%}", f"{v.max_abs_p_defect_diff:.2e}", f"{v.miss_rate:.2%}")
+    for row in sorted(choice.rows, key=lambda r: -(r.images_per_s or -1.0)):
+        chosen = "chosen" if row.backend == choice.backend else ("" if row.eligible else row.note)
+        table.add_row(row.backend, _pct(row.verdict_agreement), _pct(row.miss_rate),
+                      "-" if row.images_per_s is None else f"{row.images_per_s:.1f}", chosen)
     console.print(table)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2%}"
 
 
 def inspect(
