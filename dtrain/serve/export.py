@@ -263,9 +263,9 @@ def _export_onnx(wrapped, example, dynamic, path: Path) -> None:
 def _unfaithful(report, ref_miss_rate: float) -> str:
     """Why a backend may not be chosen ("" when it may)."""
     if report.verdict_agreement < PREFER_MIN_AGREEMENT:
-        return f"not chosen: agrees on fewer than {PREFER_MIN_AGREEMENT:.1%} of the checkpoint's verdicts"
+        return f"agreement < {PREFER_MIN_AGREEMENT:.1%}"
     if report.miss_rate > ref_miss_rate:
-        return f"not chosen: misses more than the checkpoint ({ref_miss_rate:.2%})"
+        return f"misses more than the checkpoint ({ref_miss_rate:.2%})"
     return ""
 
 

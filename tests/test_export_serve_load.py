@@ -1,0 +1,36 @@
+"""bench/serve_load.py --quick: real `dtrain serve` processes, real concurrent clients.
+Behaviour only (every request answered, batching visible in the batch sizes), no timings."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+
+@pytest.mark.slow
+def test_serve_load_quick_runs_both_modes(exported_model, synth_data, tmp_path):
+    out = tmp_path / "rows.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "serve_load.py"), "--quick", "--model", str(exported_model),
+         "--images", str(synth_data / "test"), "--images-per-request", "2", "--json", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [(r["mode"], r["clients"]) for r in rows] == [
+        ("batching", 1), ("one-at-a-time", 1), ("batching", 4), ("one-at-a-time", 4)]
+    for r in rows:
+        assert r["requests"] > 0 and r["errors"] == 0
+        assert r["images"] == 2 * r["requests"] and r["images_per_s"] > 0
+        assert 0 < r["p50_ms"] <= r["p99_ms"] and r["rss_before_mb"] > 0 and r["rss_after_mb"] > 0
+        assert r["mean_batch"] >= 1.0
+    one = {r["clients"]: r for r in rows if r["mode"] == "one-at-a-time"}
+    assert one[1]["mean_batch"] == one[4]["mean_batch"] == 1.0  # --max-batch 1: one image per inference call
+    # Two images per request reach the batcher together: batching joins them.
+    assert {r["clients"]: r for r in rows if r["mode"] == "batching"}[4]["mean_batch"] > 1.0
+    assert "| mode | clients | requests/s |" in proc.stdout
