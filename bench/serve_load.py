@@ -6,8 +6,9 @@ one image per inference call, as a request-at-a-time service would run) a real
 count the clients post real images (one per request by default), each waiting for its
 answer before the next, for a bounded time and request count; the modes take turns, so
 both see the same background load. Reported per (mode, clients): requests/s, images/s,
-p50/p99 latency, errors, the mean inference batch (from /metrics) and the server's RSS
-before and after.
+p50/p99 latency, errors, the mean inference batch (from /metrics), the server's CPU
+time per request (less sensitive than requests/s to what else the machine runs) and its
+RSS before and after.
 
     python bench/serve_load.py --model MODEL_DIR --images DIR [--clients 1,4,16,32] [--seconds 10]
     python bench/serve_load.py --model MODEL_DIR --images DIR --quick     # a smoke run (the tests)
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import signal
 import subprocess
@@ -52,6 +54,7 @@ class Row:
     p50_ms: float
     p99_ms: float
     mean_batch: float
+    server_cpu_ms_per_request: float  # the server process's CPU time (all threads) per answered request
     rss_before_mb: float
     rss_after_mb: float
 
@@ -89,6 +92,10 @@ class Server:
     def rss_mb(self) -> float:
         status = Path(f"/proc/{self.proc.pid}/status").read_text()
         return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) / 1024
+
+    def cpu_s(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
     def batches(self) -> tuple[float, float]:
         """(images, batches) inferred so far, from /metrics."""
@@ -150,17 +157,18 @@ class Sample:
     wall: float
     inferred: float  # images through the backend
     batches: float  # inference calls
+    server_cpu_s: float
     rss_before_mb: float
     rss_after_mb: float
 
 
 def sample(server: Server, clients: int, images, per_request: int, seconds: float, max_requests: int) -> Sample:
-    rss_before = server.rss_mb()
+    rss_before, cpu_before = server.rss_mb(), server.cpu_s()
     inferred_before, batches_before = server.batches()
     latencies, errors, wall = asyncio.run(_load(server.url, images, per_request, clients, seconds, max_requests))
     inferred_after, batches_after = server.batches()
     return Sample(latencies, errors, wall, inferred_after - inferred_before, batches_after - batches_before,
-                  rss_before, server.rss_mb())
+                  server.cpu_s() - cpu_before, rss_before, server.rss_mb())
 
 
 def row(mode: str, clients: int, per_request: int, samples: list[Sample]) -> Row:
@@ -174,6 +182,7 @@ def row(mode: str, clients: int, per_request: int, samples: list[Sample]) -> Row
         images_per_s=round(len(latencies) * per_request / wall, 2),
         p50_ms=round(float(np.percentile(ms, 50)), 1), p99_ms=round(float(np.percentile(ms, 99)), 1),
         mean_batch=round(sum(s.inferred for s in samples) / batches, 2) if batches else 0.0,
+        server_cpu_ms_per_request=round(sum(s.server_cpu_s for s in samples) * 1000 / max(len(latencies), 1), 2),
         rss_before_mb=round(samples[0].rss_before_mb, 1), rss_after_mb=round(samples[-1].rss_after_mb, 1),
     )
 
@@ -235,15 +244,16 @@ def main(argv: list[str] | None = None) -> list[Row]:
 
 def _line(r: Row) -> str:
     return (f"{r.mode:>14} {r.clients:>3} clients: {r.requests_per_s:7.1f} req/s, p50 {r.p50_ms:7.1f} ms, "
-            f"p99 {r.p99_ms:7.1f} ms, mean batch {r.mean_batch:5.2f}, {r.errors} errors, "
+            f"p99 {r.p99_ms:7.1f} ms, mean batch {r.mean_batch:5.2f}, server CPU {r.server_cpu_ms_per_request:5.2f} ms/request, "
+            f"{r.errors} errors, "
             f"RSS {r.rss_before_mb:.0f} -> {r.rss_after_mb:.0f} MB")
 
 
 def _table(rows: list[Row]) -> str:
-    head = ("| mode | clients | requests/s | images/s | p50 ms | p99 ms | mean batch | errors | RSS before -> after MB |\n"
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    head = ("| mode | clients | requests/s | images/s | p50 ms | p99 ms | mean batch | server CPU ms/request | errors "
+            "| RSS before -> after MB |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     body = [f"| {r.mode} | {r.clients} | {r.requests_per_s:.1f} | {r.images_per_s:.1f} | {r.p50_ms:.1f} | "
-            f"{r.p99_ms:.1f} | {r.mean_batch:.2f} | {r.errors} | {r.rss_before_mb:.0f} -> {r.rss_after_mb:.0f} |" for r in rows]
+            f"{r.p99_ms:.1f} | {r.mean_batch:.2f} | {r.server_cpu_ms_per_request:.2f} | {r.errors} | {r.rss_before_mb:.0f} -> {r.rss_after_mb:.0f} |" for r in rows]
     return "\n".join([head, *body])
 
 

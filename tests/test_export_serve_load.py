@@ -28,9 +28,45 @@ def test_serve_load_quick_runs_both_modes(exported_model, synth_data, tmp_path):
         assert r["requests"] > 0 and r["errors"] == 0
         assert r["images"] == 2 * r["requests"] and r["images_per_s"] > 0
         assert 0 < r["p50_ms"] <= r["p99_ms"] and r["rss_before_mb"] > 0 and r["rss_after_mb"] > 0
-        assert r["mean_batch"] >= 1.0
+        assert r["mean_batch"] >= 1.0 and r["server_cpu_ms_per_request"] > 0
     one = {r["clients"]: r for r in rows if r["mode"] == "one-at-a-time"}
     assert one[1]["mean_batch"] == one[4]["mean_batch"] == 1.0  # --max-batch 1: one image per inference call
     # Two images per request reach the batcher together: batching joins them.
     assert {r["clients"]: r for r in rows if r["mode"] == "batching"}[4]["mean_batch"] > 1.0
     assert "| mode | clients | requests/s |" in proc.stdout
+
+
+def test_images_queued_during_a_batch_go_next_without_waiting():
+    """Under load the batcher does not idle the network for `max_wait_s`: what queued
+    while a batch ran is the next batch. (Before: it waited the full max_wait_s, here 60 s,
+    for batch mates that never came.)"""
+    import asyncio
+    import threading
+
+    import numpy as np
+
+    from dtrain.serve.batching import MicroBatcher
+
+    release, sizes = threading.Event(), []
+
+    def predict(images):
+        sizes.append(len(images))
+        release.wait(30)
+        return [int(x[0, 0, 0]) for x in images]
+
+    async def main():
+        batcher = MicroBatcher(predict, max_batch=4, max_wait_s=60.0)
+        await batcher.start()
+        try:
+            first = [asyncio.ensure_future(batcher.submit(np.full((3, 2, 2), i, np.uint8))) for i in range(4)]
+            while not sizes:  # a full first batch runs at once
+                await asyncio.sleep(0.01)
+            later = [asyncio.ensure_future(batcher.submit(np.full((3, 2, 2), i, np.uint8))) for i in (4, 5, 6)]
+            await asyncio.sleep(0.05)
+            release.set()
+            return await asyncio.wait_for(asyncio.gather(*first, *later), timeout=20)
+        finally:
+            await batcher.stop()
+
+    assert asyncio.run(main()) == list(range(7))
+    assert sizes == [4, 3]
