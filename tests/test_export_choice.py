@@ -199,3 +199,17 @@ def test_read_only_model_dir_uses_the_recheck_unrecorded(auto_export, tmp_path):
         assert "Imaginary" not in (ro / "model.json").read_text()
     finally:
         subprocess.run(["umount", str(ro)], check=True)
+
+
+def test_torch_backends_say_they_cannot_run_without_torch():
+    """A re-check on an inspection PC without torch skips the torch backends instead of failing on their import."""
+    code = (
+        "import sys; sys.modules['torch'] = None\n"  # as if not installed: find_spec('torch') is None
+        "import json; from dtrain.serve.backends import BACKENDS\n"
+        "print(json.dumps({n: b.unavailable_reason() for n, b in BACKENDS.items()}))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    reasons = json.loads(proc.stdout)
+    assert reasons["ort-fp32"] is None and reasons["ort-int8"] is None
+    assert all(reasons[n] == "torch is not installed" for n in ("torch-eager", "torch-compile", "torch-bf16"))
