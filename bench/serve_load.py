@@ -13,8 +13,8 @@ RSS before and after.
     python bench/serve_load.py --model MODEL_DIR --images DIR [--clients 1,4,16,32] [--seconds 10]
     python bench/serve_load.py --model MODEL_DIR --images DIR --quick     # a smoke run (the tests)
 
-The clients run in this process (asyncio + httpx) on the same machine as the server:
-on a 2-core machine they take CPU from it, the same for both modes.
+The clients (asyncio + httpx, spread over --client-procs processes) run on the same
+machine as the server: on a 2-core machine they take CPU from it, the same for both modes.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import re
 import signal
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -162,10 +164,30 @@ class Sample:
     rss_after_mb: float
 
 
-def sample(server: Server, clients: int, images, per_request: int, seconds: float, max_requests: int) -> Sample:
+_IMAGES: list[tuple[str, bytes]] = []  # each client process's copy (set by _init)
+
+
+def _init(images: list[tuple[str, bytes]]) -> None:
+    _IMAGES[:] = images
+
+
+def _load_part(job: tuple[str, int, int, float, int]):
+    url, per_request, clients, seconds, max_requests = job
+    return asyncio.run(_load(url, _IMAGES, per_request, clients, seconds, max_requests))
+
+
+def sample(server: Server, pool: ProcessPoolExecutor, procs: int, clients: int, per_request: int, seconds: float,
+           max_requests: int) -> Sample:
+    """`clients` clients spread over `procs` processes: one Python process cannot prepare
+    and read HTTP requests fast enough for 32 clients, and a client that lags turns the
+    load into bursts."""
     rss_before, cpu_before = server.rss_mb(), server.cpu_s()
     inferred_before, batches_before = server.batches()
-    latencies, errors, wall = asyncio.run(_load(server.url, images, per_request, clients, seconds, max_requests))
+    shares = [clients // procs + (i < clients % procs) for i in range(min(procs, clients))]
+    jobs = [(server.url, per_request, n, seconds, max(1, max_requests * n // clients)) for n in shares]
+    parts = list(pool.map(_load_part, jobs))
+    latencies = [x for part in parts for x in part[0]]
+    errors, wall = sum(part[1] for part in parts), max(part[2] for part in parts)
     inferred_after, batches_after = server.batches()
     return Sample(latencies, errors, wall, inferred_after - inferred_before, batches_after - batches_before,
                   server.cpu_s() - cpu_before, rss_before, server.rss_mb())
@@ -205,6 +227,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument("--max-requests", type=int, default=20000, help="requests per (mode, clients) at most")
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of: {', '.join(MODES)}")
     ap.add_argument("--serve-args", default="", help="extra `dtrain serve` options for both modes")
+    ap.add_argument("--client-procs", type=int, default=4, help="processes the clients are spread over")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 and 4 clients, 1 s each")
     args = ap.parse_args(argv)
@@ -216,20 +239,24 @@ def main(argv: list[str] | None = None) -> list[Row]:
     modes = args.modes.split(",")
     per_request = args.images_per_request
     rows: list[Row] = []
-    with tempfile.TemporaryDirectory(prefix="dtrain-serve-load-") as tmp:
+    procs = max(1, args.client_procs)
+    with tempfile.TemporaryDirectory(prefix="dtrain-serve-load-") as tmp, \
+            ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn"), initializer=_init,
+                                initargs=(images,)) as pool:
         servers: dict[str, Server] = {}
         try:
             for mode in modes:
                 servers[mode] = Server(args.model, MODES[mode] + args.serve_args.split(), Path(tmp) / f"{mode}.log")
                 # Uncounted: the first requests pay for lazy imports and the backend's first run.
-                sample(servers[mode], 1, images, per_request, 60.0, WARMUP_REQUESTS)
+                sample(servers[mode], pool, procs, 1, per_request, 60.0, WARMUP_REQUESTS)
             for n in clients:
                 # The modes take turns, `rounds` times, so that a change in the machine's
                 # other load falls on both alike.
                 samples: dict[str, list[Sample]] = {m: [] for m in modes}
                 for _ in range(rounds):
                     for mode in modes:
-                        samples[mode].append(sample(servers[mode], n, images, per_request, seconds / rounds, args.max_requests))
+                        samples[mode].append(sample(servers[mode], pool, procs, n, per_request, seconds / rounds,
+                                                    args.max_requests))
                 for mode in modes:
                     rows.append(row(mode, n, per_request, samples[mode]))
                     print(_line(rows[-1]), flush=True)

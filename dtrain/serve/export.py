@@ -109,7 +109,8 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
         threshold = float(choose_threshold(p_ref, is_defect, opts.target_miss_rate, opts.threshold_rule).threshold)
     ref_miss_rate = miss_rate(p_ref, is_defect, threshold).rate
     sample = sample_indices(len(val.images))
-    droppable = set(QUANTIZED["auto"]) if opts.quantize == "auto" else set()
+    # What the export tries on its own it may leave out; what was asked for by name must hold.
+    droppable = set(QUANTIZED["auto"]) if opts.quantize == "auto" and opts.backends is None else set()
 
     staged = staging_dir(out)
     try:
