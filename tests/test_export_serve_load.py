@@ -70,3 +70,23 @@ def test_images_queued_during_a_batch_go_next_without_waiting():
 
     assert asyncio.run(main()) == list(range(7))
     assert sizes == [4, 3]
+
+
+def test_served_connections_send_without_nagle():
+    """dtrain serve's accepted connections have TCP_NODELAY. Without it each request after
+    the first on a keep-alive connection waited 40 ms for the client's delayed ACK (asyncio
+    sets the option only for sockets whose protocol number reads IPPROTO_TCP, and
+    socket.create_server leaves it 0)."""
+    import socket
+
+    from dtrain.serve.listen import listen
+
+    server = listen("127.0.0.1", 0)
+    client = socket.create_connection(server.getsockname()[:2])
+    conn, _ = server.accept()
+    try:
+        assert conn.proto != socket.IPPROTO_TCP  # so asyncio would not set the option itself
+        assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    finally:
+        for s in (conn, client, server):
+            s.close()

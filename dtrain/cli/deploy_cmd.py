@@ -121,8 +121,6 @@ def serve(
     backend: str | None = typer.Option(None, "--backend", help="Override the model directory's preferred backend."),
 ) -> None:
     """Serve the model over HTTP: POST /inspect, /healthz, /metrics, /openapi.json."""
-    import socket
-
     from dtrain.extras import require
 
     require("serve", "dtrain serve", ("fastapi", "uvicorn", "python_multipart"))
@@ -131,6 +129,7 @@ def serve(
     from dtrain.configio import validate
     from dtrain.errors import DtrainError
     from dtrain.serve.app import ServeLimits, create_app
+    from dtrain.serve.listen import listen
     from dtrain.serve.predictor import Predictor
 
     limits = validate(ServeLimits, {
@@ -142,7 +141,7 @@ def serve(
     # Bound here, before uvicorn starts, so that "serving on" is only ever printed for a
     # socket that listens, with the real port when --port 0 asked for any.
     try:
-        sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock = listen(host, port)
     except OSError as exc:
         raise DtrainError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
                           "choose another --port (or --host), or stop what listens there") from None
