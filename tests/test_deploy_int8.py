@@ -95,3 +95,18 @@ def test_int8_export_that_breaks_target_is_refused(int8_case, trained_checkpoint
     assert "Traceback" not in proc.stderr
     # Nothing half-written: no model directory and no staging leftovers.
     assert list(tmp_path.iterdir()) == []
+
+
+def test_default_export_leaves_out_an_int8_that_breaks_target(int8_case, trained_checkpoint, synth_data, tmp_path):
+    """--quantize auto (the default) tries int8 on its own: where int8 would miss more than
+    the target it is not shipped, and the export goes on with fp32."""
+    from dtrain.serve.export import ExportOptions, export
+
+    _, broken = int8_case
+    out = tmp_path / "m"
+    card = export(ExportOptions(checkpoint=str(trained_checkpoint), out=str(out), format="onnx", data=str(synth_data),
+                                target_miss_rate=broken, measure_seconds=0.2, threshold_rule="rate"))
+    assert set(card.backends) == {"ort-fp32"} and card.preferred_backend == "ort-fp32"
+    assert not (out / "model.int8.onnx").exists() and "model.int8.onnx" not in card.files
+    (row,) = [r for c in card.machine_choices.values() for r in c.rows if r.backend == "ort-int8"]
+    assert row.miss_rate > broken and "not shipped" in row.note and row.images_per_s is None

@@ -110,7 +110,10 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 for every interface)."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on (0: any free one, printed)."),
     max_batch: int = typer.Option(32, "--max-batch", min=1, help="Largest micro-batch."),
-    max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", min=0.0, help="How long an image may wait for batch mates."),
+    max_wait_ms: float = typer.Option(
+        0.0, "--max-wait-ms", min=0.0,
+        help="How long an image reaching an idle network waits for batch mates (under load, batches form while it runs).",
+    ),
     max_body_mb: float = typer.Option(64.0, "--max-body-mb", min=0.001, help="Largest request body."),
     max_megapixels: float = typer.Option(40.0, "--max-megapixels", min=0.001, help="Largest image, checked before decoding."),
     max_decode_mb: float = typer.Option(160.0, "--max-decode-mb", min=0.001,

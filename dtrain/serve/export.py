@@ -129,11 +129,11 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
             verification[name] = report
             step(f"timing {name} at batch {opts.batch}")
             throughput[name] = round(B.measure(run, batch_of(val.images, opts.batch), min_seconds=opts.measure_seconds), 1)
+            why_not = _unfaithful(report, ref_miss_rate)
             rows.append(BackendRow(
                 backend=name, verdict_agreement=report.verdict_agreement, miss_rate=report.miss_rate,
                 sample_agreement=agreement(run(val.images[sample]), ref[sample], classes, neg, threshold),
-                images_per_s=throughput[name], eligible=not _unfaithful(report, ref_miss_rate),
-                note=_unfaithful(report, ref_miss_rate),
+                images_per_s=throughput[name], eligible=not why_not, note=why_not,
             ))
         if not throughput:
             raise DtrainError("no backend could be verified for this export", f"candidates were: {', '.join(candidates)}")
