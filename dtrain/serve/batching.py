@@ -5,7 +5,8 @@ waiting image, then whatever else arrives within `max_wait_s` (or until `max_bat
 and hands the stack to a single inference thread. While that thread works, new images
 queue up, so under load batches grow by themselves and at low load an image waits at
 most `max_wait_s`. Images that queued while the last batch ran go at once, without
-waiting for more: under load the wait would only idle the network (bench/serve_load.py). One inference thread, because the backends already use every core
+waiting for more: under load the wait would only idle the network (bench/serve_load.py).
+One inference thread, because the backends already use every core
 for one batch; two would only fight over them.
 
 Whatever goes wrong with one batch (a backend error, images that do not stack, a
