@@ -31,7 +31,7 @@ def test_model_dir_is_self_contained(exported_model):
     assert card.target_miss_rate == TARGET_MISS_RATE and 0.0 <= card.threshold <= 1.0
     assert card.threshold_rule == "bound95"  # the default, as the quickstart evaluates
     assert card.preferred_backend in card.backends and card.preferred_backend in card.throughput_images_per_s
-    assert set(card.files) == {"model.onnx"}
+    assert set(card.files) == {"model.onnx", "recheck_sample.npz"}
     assert card.files["model.onnx"] == sha256_file(exported_model / "model.onnx")
     check = card.verification["ort-fp32"]
     assert check.verdict_agreement == 1.0 and check.max_abs_p_defect_diff < 1e-4

@@ -23,14 +23,14 @@ def int8_case(trained_checkpoint, synth_data, exported_model, tmp_path_factory):
     from dtrain.serve.export import Deployable
     from dtrain.serve.predictor import softmax64
     from dtrain.serve.quantize import quantize_int8
-    from dtrain.serve.verify import calibration_images, load_val, reference_logits
+    from dtrain.serve.verify import calibration_sample, load_val, reference_logits
     from dtrain.train.checkpoint import load_for_inference
 
     model, meta = load_for_inference(trained_checkpoint)
     val = load_val(str(synth_data), meta)
     neg = meta["classes"].index(meta["negative_class"])
     q_path = tmp_path_factory.mktemp("int8") / "q.onnx"
-    calib = calibration_images(None, val.data_cfg, int(meta["image_size"]), CALIBRATION_IMAGES)
+    calib = calibration_sample(val.images, CALIBRATION_IMAGES)
     quantize_int8(exported_model / "model.onnx", q_path, calib)
 
     import onnxruntime as ort
@@ -52,7 +52,7 @@ def int8_case(trained_checkpoint, synth_data, exported_model, tmp_path_factory):
     return kept, broken
 
 
-# The export's default sample (the fixture's train split is smaller: all of it).
+# The export's default sample (the fixture's validation split is smaller: all of it).
 CALIBRATION_IMAGES = 256
 
 
@@ -76,7 +76,7 @@ def test_int8_export_within_target_ships(int8_case, trained_checkpoint, synth_da
     assert set(card.backends) == {"ort-fp32", "ort-int8"}
     check = card.verification["ort-int8"]
     assert check.miss_rate <= kept and check.max_abs_p_defect_diff > 0
-    assert load_card(tmp_path / "m").files.keys() == {"model.onnx", "model.int8.onnx"}
+    assert load_card(tmp_path / "m").files.keys() == {"model.onnx", "model.int8.onnx", "recheck_sample.npz"}
     # The int8 file is the quantised one: far smaller than fp32, and it runs.
     assert (tmp_path / "m" / "model.int8.onnx").stat().st_size < (tmp_path / "m" / "model.onnx").stat().st_size / 2
     images = np.zeros((3, 3, 32, 32), np.uint8)
@@ -95,3 +95,18 @@ def test_int8_export_that_breaks_target_is_refused(int8_case, trained_checkpoint
     assert "Traceback" not in proc.stderr
     # Nothing half-written: no model directory and no staging leftovers.
     assert list(tmp_path.iterdir()) == []
+
+
+def test_default_export_leaves_out_an_int8_that_breaks_target(int8_case, trained_checkpoint, synth_data, tmp_path):
+    """--quantize auto (the default) tries int8 on its own: where int8 would miss more than
+    the target it is not shipped, and the export goes on with fp32."""
+    from dtrain.serve.export import ExportOptions, export
+
+    _, broken = int8_case
+    out = tmp_path / "m"
+    card = export(ExportOptions(checkpoint=str(trained_checkpoint), out=str(out), format="onnx", data=str(synth_data),
+                                target_miss_rate=broken, measure_seconds=0.2, threshold_rule="rate"))
+    assert set(card.backends) == {"ort-fp32"} and card.preferred_backend == "ort-fp32"
+    assert not (out / "model.int8.onnx").exists() and "model.int8.onnx" not in card.files
+    (row,) = [r for c in card.machine_choices.values() for r in c.rows if r.backend == "ort-int8"]
+    assert row.miss_rate > broken and "not shipped" in row.note and row.images_per_s is None

@@ -15,9 +15,12 @@ def export(
     checkpoint: Path = typer.Argument(..., help="A dtrain checkpoint (OUTPUT/checkpoints/last.pt)."),
     out: Path = typer.Option(..., "--out", "-o", help="The model directory to write (replaced if it holds a model)."),
     format: str = typer.Option("all", "--format", help="Networks to write: onnx, torch (a torch.export program), or all."),
-    quantize: str = typer.Option("none", "--quantize", help="none, int8 (ONNX Runtime static) or bf16 (torch autocast)."),
+    quantize: str = typer.Option(
+        "auto", "--quantize",
+        help="auto (int8, and bf16 where the machine has it, each kept only within target), none, int8 or bf16 (each required).",
+    ),
     data: str | None = typer.Option(None, "--data", help="Data root whose val split verifies the export (default: the training run's)."),
-    calibration: str | None = typer.Option(None, "--calibration", help="Images (dir or glob) to calibrate int8 on (default: the train split)."),
+    calibration: str | None = typer.Option(None, "--calibration", help="Images (dir or glob) to calibrate int8 on (default: 256 of the val split)."),
     target_miss_rate: float = typer.Option(0.005, "--target-miss-rate", help="The threshold keeps the val miss rate at or under this."),
     threshold_rule: str = typer.Option(
         "bound95", "--threshold-rule",
@@ -51,15 +54,20 @@ def export(
 def _print_card(console, card, out: Path) -> None:
     from rich.table import Table
 
+    choice = next(c for c in card.machine_choices.values() if c.source == "export")
     table = Table(title=f"{out}: threshold {card.threshold:.4f} for a target miss rate of {card.target_miss_rate:.2%} "
                         f"({card.threshold_rule})")
-    for col in ("backend", f"images/s @ {card.throughput_batch}", "verdict agreement", "max |dP|", "val miss rate"):
+    for col in ("backend", "verdict agreement", "val miss rate", f"images/s @ {choice.batch}", "chosen"):
         table.add_column(col)
-    for name, ips in sorted(card.throughput_images_per_s.items(), key=lambda kv: -kv[1]):
-        v = card.verification[name]
-        mark = " (preferred)" if name == card.preferred_backend else ""
-        table.add_row(name + mark, f"{ips:.1f}", f"{v.verdict_agreement:.2%}", f"{v.max_abs_p_defect_diff:.2e}", f"{v.miss_rate:.2%}")
+    for row in sorted(choice.rows, key=lambda r: -(r.images_per_s or -1.0)):
+        chosen = "chosen" if row.backend == choice.backend else ("" if row.eligible else row.note)
+        table.add_row(row.backend, _pct(row.verdict_agreement), _pct(row.miss_rate),
+                      "-" if row.images_per_s is None else f"{row.images_per_s:.1f}", chosen)
     console.print(table)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2%}"
 
 
 def inspect(
@@ -116,7 +124,10 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 for every interface)."),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="Port to listen on (0: any free one, printed)."),
     max_batch: int = typer.Option(32, "--max-batch", min=1, help="Largest micro-batch."),
-    max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", min=0.0, help="How long an image may wait for batch mates."),
+    max_wait_ms: float = typer.Option(
+        0.0, "--max-wait-ms", min=0.0,
+        help="How long an image reaching an idle network waits for batch mates (under load, batches form while it runs).",
+    ),
     max_body_mb: float = typer.Option(64.0, "--max-body-mb", min=0.001, help="Largest request body."),
     max_megapixels: float = typer.Option(40.0, "--max-megapixels", min=0.001, help="Largest image, checked before decoding."),
     max_decode_mb: float = typer.Option(160.0, "--max-decode-mb", min=0.001,
@@ -127,8 +138,6 @@ def serve(
     backend: str | None = typer.Option(None, "--backend", help="Override the model directory's preferred backend."),
 ) -> None:
     """Serve the model over HTTP: POST /inspect, /healthz, /metrics, /openapi.json."""
-    import socket
-
     from dtrain.extras import require
 
     require("serve", "dtrain serve", ("fastapi", "uvicorn", "python_multipart"))
@@ -137,6 +146,7 @@ def serve(
     from dtrain.configio import validate
     from dtrain.errors import DtrainError
     from dtrain.serve.app import ServeLimits, create_app
+    from dtrain.serve.listen import listen
     from dtrain.serve.predictor import Predictor
 
     limits = validate(ServeLimits, {
@@ -148,7 +158,7 @@ def serve(
     # Bound here, before uvicorn starts, so that "serving on" is only ever printed for a
     # socket that listens, with the real port when --port 0 asked for any.
     try:
-        sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock = listen(host, port)
     except OSError as exc:
         raise DtrainError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
                           "choose another --port (or --host), or stop what listens there") from None

@@ -34,7 +34,9 @@ log = logging.getLogger("dtrain.serve")
 
 class ServeLimits(StrictModel):
     max_batch: int = Field(32, ge=1)
-    max_wait_ms: float = Field(5.0, ge=0.0)
+    # 0: an image reaching an idle network goes alone; under load, batches form while the
+    # network runs anyway, and waiting only idled it (bench/serve_load.py, BENCHMARKS.md).
+    max_wait_ms: float = Field(0.0, ge=0.0)
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1)
     max_pixels: int = Field(DEFAULT_MAX_PIXELS, ge=1)
     max_images_per_request: int = Field(256, ge=1)

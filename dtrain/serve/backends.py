@@ -122,6 +122,12 @@ class _Torch(Backend):
 
     network = TORCH_PROGRAM
 
+    def unavailable_reason(self) -> str | None:
+        from dtrain.extras import missing
+
+        # An inspection PC may install dtrain[serve] without torch: then only the ONNX backends run.
+        return "torch is not installed" if missing(["torch"]) else None
+
     def _module(self, path: Path):
         import torch
 
@@ -196,7 +202,7 @@ class TorchCompile(_Torch):
 
     def unavailable_reason(self) -> str | None:
         # Inductor's CPU backend generates C++ and needs a compiler at run time.
-        return None if shutil.which("cc") or shutil.which("gcc") else "no C compiler (Inductor needs one)"
+        return super().unavailable_reason() or (None if shutil.which("cc") or shutil.which("gcc") else "no C compiler (Inductor needs one)")
 
     def load(self, path: Path) -> Runner:
         import torch

@@ -4,7 +4,9 @@ Requests put (image, future) on an asyncio queue. One collector task takes the f
 waiting image, then whatever else arrives within `max_wait_s` (or until `max_batch`),
 and hands the stack to a single inference thread. While that thread works, new images
 queue up, so under load batches grow by themselves and at low load an image waits at
-most `max_wait_s`. One inference thread, because the backends already use every core
+most `max_wait_s`. Images that queued while the last batch ran go at once, without
+waiting for more: under load the wait would only idle the network (bench/serve_load.py).
+One inference thread, because the backends already use every core
 for one batch; two would only fight over them.
 
 Whatever goes wrong with one batch (a backend error, images that do not stack, a
@@ -96,8 +98,9 @@ class MicroBatcher(Generic[T]):
         assert self._queue is not None
         loop = asyncio.get_running_loop()
         while True:
+            backlog = not self._queue.empty()  # queued while the last batch ran
             batch = [await self._queue.get()]
-            deadline = loop.time() + self.max_wait_s
+            deadline = loop.time() + (0.0 if backlog else self.max_wait_s)
             while len(batch) < self.max_batch:
                 if not self._queue.empty():
                     batch.append(self._queue.get_nowait())

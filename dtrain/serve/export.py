@@ -1,15 +1,20 @@
 """`dtrain export`: checkpoint -> a verified, self-contained model directory.
 
 1. The network is wrapped so it takes uint8 images and normalises them itself, then
-   written as ONNX (fp32, and int8 when asked) and/or a torch.export program.
+   written as ONNX (fp32, and int8) and/or a torch.export program (run in fp32, and in
+   bf16 where the machine multiplies bf16 natively).
 2. On the validation split the checkpoint's own P(defect) fixes the threshold for the
    target miss rate (dtrain.inspect.metrics.choose_threshold, as evaluation does).
 3. Every candidate backend is run over the same validation images and compared with
    the checkpoint: verdict agreement, largest |P(defect)| difference, and its miss
-   rate at that threshold. One that misses more than the target stops the export:
-   nothing is published.
+   rate at that threshold. A quantised backend the export tried on its own
+   (--quantize auto) that misses more than the target is left out of the directory;
+   any other backend that does stops the export: nothing is published.
 4. Each candidate is timed at the serving batch size; the fastest of those that
-   reproduce >= 99.5 % of the checkpoint's validation verdicts is preferred.
+   reproduce >= 99.5 % of the checkpoint's validation verdicts and miss no more
+   defects than it is chosen (choice.py), and recorded under this machine's kind with
+   the whole table; a small sample of validation inputs and the checkpoint's logits
+   go with it, so that another kind of machine can re-check the choice without torch.
 Everything is written to a temporary sibling of OUT and renamed into place at the end.
 """
 
@@ -27,7 +32,9 @@ from pydantic import Field
 from dtrain.configio import StrictModel
 from dtrain.errors import DtrainError
 from dtrain.serve import backends as B
-from dtrain.serve.model_dir import ModelCard, Preprocessing, Verification, check_replaceable, publish, staging_dir, write_card
+from dtrain.serve.choice import PREFER_MIN_AGREEMENT, BackendRow, MachineChoice, agreement, batch_of, pick, sample_indices, write_sample
+from dtrain.serve.machine import bf16_hardware, machine_kind
+from dtrain.serve.model_dir import ModelCard, Preprocessing, check_replaceable, publish, staging_dir, write_card
 from dtrain.serve.verify import ValData, load_val, reference_logits, verify_backend
 
 Step = Callable[[str], None]
@@ -38,20 +45,25 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "torch": (B.TORCH_PROGRAM,),
     "all": (B.ONNX_FP32, B.TORCH_PROGRAM),
 }
-# Backends each --quantize adds to the fp32 ones.
-QUANTIZED: dict[str, tuple[str, ...]] = {"none": (), "int8": ("ort-int8",), "bf16": ("torch-bf16",)}
+# Backends each --quantize adds to the fp32 ones. ONNX Runtime's CPU provider has no bf16
+# kernels on x86 (its one bf16 switch, mlas.enable_gemm_fastmath_arm64_bfloat16, is
+# for Arm GEMMs), so bf16 runs on PyTorch.
+QUANTIZED: dict[str, tuple[str, ...]] = {
+    "none": (), "int8": ("ort-int8",), "bf16": ("torch-bf16",), "auto": ("ort-int8", "torch-bf16"),
+}
 FP32_BACKENDS = ("ort-fp32", "torch-eager", "torch-compile")
-PREFER_MIN_AGREEMENT = 0.995
+NO_BF16 = "this machine has no native bf16 (avx512_bf16/amx_bf16 or a GPU of compute capability 8+)"
 
 
 class ExportOptions(StrictModel):
     checkpoint: str
     out: str
     format: Literal["onnx", "torch", "all"] = "all"
-    quantize: Literal["none", "int8", "bf16"] = "none"
+    # auto: every quantisation this machine runs natively, kept only where it is within target.
+    quantize: Literal["auto", "none", "int8", "bf16"] = "auto"
     # Data root for the validation split (default: the training run's data root).
     data: str | None = None
-    # Images (directory/glob) to calibrate int8 on (default: the training split).
+    # Images (directory/glob) to calibrate int8 on (default: the validation split).
     calibration: str | None = None
     calibration_images: int = Field(256, ge=1)
     target_miss_rate: float = Field(0.005, gt=0.0, lt=1.0)
@@ -62,7 +74,7 @@ class ExportOptions(StrictModel):
     # Candidate backends to verify and time (default: every one this export can run).
     backends: list[str] | None = None
     batch: int = Field(32, ge=1)
-    measure_seconds: float = Field(1.0, gt=0.0)
+    measure_seconds: float = Field(1.0, gt=0.0, le=10.0)
 
 
 def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
@@ -76,7 +88,8 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
     model, meta = load_for_inference(opts.checkpoint)
     classes, negative = list(meta["classes"]), meta["negative_class"]
     size = int(meta["image_size"])
-    candidates = _candidates(opts)
+    kind = machine_kind()
+    candidates, rows = _candidates(opts, bf16_hardware(kind))
 
     step("reading the validation split")
     val = load_val(opts.data, meta)
@@ -94,24 +107,41 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
         threshold, threshold_rule = 0.5, "none (classification)"
     else:
         threshold = float(choose_threshold(p_ref, is_defect, opts.target_miss_rate, opts.threshold_rule).threshold)
+    ref_miss_rate = miss_rate(p_ref, is_defect, threshold).rate
+    sample = sample_indices(len(val.images))
+    # What the export tries on its own it may leave out; what was asked for by name must hold.
+    droppable = set(QUANTIZED["auto"]) if opts.quantize == "auto" and opts.backends is None else set()
 
     staged = staging_dir(out)
     try:
-        written = _write_networks(opts, wrapped, size, val, staged, step)
-        names = [n for n in candidates if B.get_backend(n).network in written]
+        written = _write_networks(opts, candidates, wrapped, size, val, staged, step)
         verification, throughput = {}, {}
-        for name in names:
+        for name in [n for n in candidates if B.get_backend(n).network in written]:
             step(f"verifying {name} on {len(val.images)} validation images")
             backend = B.get_backend(name)
             run = backend.load(staged / backend.network)
             report = verify_backend(run, val, ref, neg, threshold)
+            if report.miss_rate > opts.target_miss_rate and name in droppable:
+                rows.append(BackendRow(backend=name, verdict_agreement=report.verdict_agreement, miss_rate=report.miss_rate,
+                                       note=f"not shipped: val miss rate above the target {opts.target_miss_rate:.2%}"))
+                continue
             _refuse_if_worse(name, report, opts, threshold)
             verification[name] = report
             step(f"timing {name} at batch {opts.batch}")
-            throughput[name] = round(B.measure(run, _batch_of(val.images, opts.batch), min_seconds=opts.measure_seconds), 1)
+            throughput[name] = round(B.measure(run, batch_of(val.images, opts.batch), min_seconds=opts.measure_seconds), 1)
+            why_not = _unfaithful(report, ref_miss_rate)
+            rows.append(BackendRow(
+                backend=name, verdict_agreement=report.verdict_agreement, miss_rate=report.miss_rate,
+                sample_agreement=agreement(run(val.images[sample]), ref[sample], classes, neg, threshold),
+                images_per_s=throughput[name], eligible=not why_not, note=why_not,
+            ))
         if not throughput:
             raise DtrainError("no backend could be verified for this export", f"candidates were: {', '.join(candidates)}")
-        preferred = _prefer(throughput, verification)
+        shipped = {n: B.get_backend(n).network for n in throughput}
+        if B.ONNX_INT8 in written and B.ONNX_INT8 not in shipped.values():
+            (staged / B.ONNX_INT8).unlink()
+        write_sample(staged, val.images[sample], ref[sample])
+        chosen = pick(rows)
         card = ModelCard(
             dtrain_version=__version__,
             arch=meta["config"]["model"]["arch"],
@@ -122,12 +152,13 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
             threshold=threshold,
             target_miss_rate=opts.target_miss_rate,
             threshold_rule=threshold_rule,
-            reference_val_miss_rate=miss_rate(p_ref, is_defect, threshold).rate,
-            backends={n: B.get_backend(n).network for n in names},
-            preferred_backend=preferred,
+            reference_val_miss_rate=ref_miss_rate,
+            backends=shipped,
+            preferred_backend=chosen,
             throughput_images_per_s=throughput,
             throughput_batch=opts.batch,
             verification=verification,
+            machine_choices={kind: MachineChoice(backend=chosen, source="export", batch=opts.batch, rows=rows)},
         )
         write_card(staged, card)
         publish(staged, out)
@@ -150,30 +181,47 @@ class Deployable(torch.nn.Module):
         return self.net((images.float() - self.shift) * self.scale)
 
 
-def _candidates(opts: ExportOptions) -> list[str]:
-    wanted = list(FP32_BACKENDS) + list(QUANTIZED[opts.quantize])
-    if opts.backends is not None:
-        for name in opts.backends:
-            B.get_backend(name)
-        wanted = [n for n in opts.backends]
-    files = FORMATS[opts.format] + ((B.ONNX_INT8,) if opts.quantize == "int8" else ())
-    usable = [n for n in wanted if B.get_backend(n).network in files and not B.get_backend(n).unavailable_reason()]
+def _candidates(opts: ExportOptions, bf16_here: bool) -> tuple[list[str], list[BackendRow]]:
+    """The backends to verify and time, and a row for each left out on this machine."""
     if opts.quantize == "int8" and opts.format == "torch":
         raise DtrainError("--quantize int8 runs on ONNX Runtime", "use --format onnx or --format all with --quantize int8")
     if opts.quantize == "bf16" and opts.format == "onnx":
         raise DtrainError("--quantize bf16 runs on PyTorch (autocast)", "use --format torch or --format all with --quantize bf16")
-    for name in QUANTIZED[opts.quantize]:
+    wanted = list(FP32_BACKENDS) + list(QUANTIZED[opts.quantize])
+    if opts.backends is not None:
+        for name in opts.backends:
+            B.get_backend(name)
+        wanted = list(opts.backends)
+    files = _network_files(opts)
+    usable, skipped = [], []
+    for name in wanted:
+        backend = B.get_backend(name)
+        if backend.network not in files:
+            continue  # runs a network this --format does not write
+        reason = backend.unavailable_reason()
+        if reason is None and name == "torch-bf16" and opts.quantize == "auto" and opts.backends is None and not bf16_here:
+            reason = NO_BF16  # emulated bf16 is slower than fp32: not worth timing
+        if reason:
+            skipped.append(BackendRow(backend=name, note=f"not tried: {reason}"))
+        else:
+            usable.append(name)
+    for name in QUANTIZED[opts.quantize] if opts.quantize != "auto" else ():
         if name not in usable:
             raise DtrainError(f"--quantize {opts.quantize} needs backend {name}, which this export would not check",
                               f"add {name} to --backends")
     if not usable:
         raise DtrainError(f"none of the backends {', '.join(wanted)} runs a --format {opts.format} network",
                           "pick backends that match the format (ort-* for onnx, torch-* for torch)")
-    return usable
+    return usable, skipped
 
 
-def _write_networks(opts: ExportOptions, wrapped, size: int, val: ValData, folder: Path, step: Step) -> set[str]:
-    example = torch.from_numpy(_batch_of(val.images, 2))
+def _network_files(opts: ExportOptions) -> tuple[str, ...]:
+    int8 = opts.quantize in ("int8", "auto") and B.ONNX_FP32 in FORMATS[opts.format]
+    return FORMATS[opts.format] + ((B.ONNX_INT8,) if int8 else ())
+
+
+def _write_networks(opts: ExportOptions, candidates: list[str], wrapped, size: int, val: ValData, folder: Path, step: Step) -> set[str]:
+    example = torch.from_numpy(batch_of(val.images, 2))
     dynamic = ({0: torch.export.Dim("batch", min=1, max=65536)},)
     written: set[str] = set()
     if B.ONNX_FP32 in FORMATS[opts.format]:
@@ -184,12 +232,15 @@ def _write_networks(opts: ExportOptions, wrapped, size: int, val: ValData, folde
         step("exporting the torch program")
         torch.export.save(torch.export.export(wrapped, (example,), dynamic_shapes=dynamic), str(folder / B.TORCH_PROGRAM))
         written.add(B.TORCH_PROGRAM)
-    if opts.quantize == "int8":
+    if any(B.get_backend(n).network == B.ONNX_INT8 for n in candidates):
         from dtrain.serve.quantize import quantize_int8
-        from dtrain.serve.verify import calibration_images
+        from dtrain.serve.verify import calibration_images, calibration_sample
 
-        step("reading calibration images")
-        calib = calibration_images(opts.calibration, val.data_cfg, size, opts.calibration_images)
+        if opts.calibration is None:
+            calib = calibration_sample(val.images, opts.calibration_images)
+        else:
+            step("reading calibration images")
+            calib = calibration_images(opts.calibration, size, opts.calibration_images)
         step(f"quantising to int8 (calibrating on {len(calib)} images)")
         quantize_int8(folder / B.ONNX_FP32, folder / B.ONNX_INT8, calib)
         written.add(B.ONNX_INT8)
@@ -210,6 +261,15 @@ def _export_onnx(wrapped, example, dynamic, path: Path) -> None:
         )
 
 
+def _unfaithful(report, ref_miss_rate: float) -> str:
+    """Why a backend may not be chosen ("" when it may)."""
+    if report.verdict_agreement < PREFER_MIN_AGREEMENT:
+        return f"agreement < {PREFER_MIN_AGREEMENT:.1%}"
+    if report.miss_rate > ref_miss_rate:
+        return f"misses more than the checkpoint ({ref_miss_rate:.2%})"
+    return ""
+
+
 def _refuse_if_worse(name: str, report, opts: ExportOptions, threshold: float) -> None:
     if report.miss_rate > opts.target_miss_rate:
         raise DtrainError(
@@ -219,19 +279,3 @@ def _refuse_if_worse(name: str, report, opts: ExportOptions, threshold: float) -
             "export without this quantisation (--quantize none), or calibrate int8 on more or more representative "
             "training images (--calibration)",
         )
-
-
-def _prefer(throughput: dict[str, float], verification: dict[str, Verification]) -> str:
-    """The fastest backend among those that reproduce the checkpoint's validation
-    verdicts (a faster one that flips more of them is kept in the directory, not
-    preferred); without any such, the most faithful."""
-    faithful = [n for n in throughput if verification[n].verdict_agreement >= PREFER_MIN_AGREEMENT]
-    if faithful:
-        return max(faithful, key=throughput.__getitem__)
-    return max(throughput, key=lambda n: (verification[n].verdict_agreement, throughput[n]))
-
-
-def _batch_of(images: np.ndarray, n: int) -> np.ndarray:
-    """Exactly n images, repeating the validation images when there are fewer."""
-    reps = -(-n // max(len(images), 1))
-    return np.ascontiguousarray(np.concatenate([images] * reps)[:n])

@@ -23,6 +23,7 @@ from pydantic import Field, ValidationError
 
 from dtrain.configio import StrictModel
 from dtrain.errors import DtrainError
+from dtrain.serve.choice import MachineChoice
 
 CARD = "model.json"
 FORMAT_VERSION = 1
@@ -69,6 +70,8 @@ class ModelCard(StrictModel):
     throughput_batch: int
     verification: dict[str, Verification]  # keyed by network file
     files: dict[str, str] = {}  # file name -> sha256, every file except model.json
+    # machine kind (serve/machine.py) -> the backend chosen there and the table it was chosen by (serve/choice.py)
+    machine_choices: dict[str, MachineChoice] = {}
 
     @property
     def negative_index(self) -> int | None:

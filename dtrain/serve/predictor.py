@@ -49,12 +49,15 @@ def judge(logits: np.ndarray, classes: list[str], negative_index: int | None, th
 
 
 class Predictor:
-    """The model of one directory on one backend (model.json's preferred one by default)."""
+    """The model of one directory on one backend (by default the one chosen for this machine kind)."""
 
-    def __init__(self, model_dir: str | Path, backend: str | None = None) -> None:
+    def __init__(self, model_dir: str | Path, backend: str | None = None, machine: str | None = None) -> None:
+        from dtrain.serve.choice import backend_for
+
         self.dir = Path(model_dir)
         self.card: ModelCard = load_card(self.dir)
-        self.backend = backend or self.card.preferred_backend
+        # model.json's choice for this machine kind (`machine`, default: this one), re-checked on its first load here
+        self.backend = backend or backend_for(self.dir, self.card, machine)
         if self.backend not in self.card.backends:
             get_backend(self.backend)  # an unknown name gets the list of all backends
             raise DtrainError(

@@ -98,36 +98,26 @@ def verify_backend(run, val: ValData, ref_logits: np.ndarray, negative_index: in
     )
 
 
-def calibration_images(source: str | None, data_cfg, size: int, limit: int, seed: int = 0) -> np.ndarray:
-    """Up to `limit` images to calibrate int8 on: files under `source` (directories,
-    globs), or by default a fixed random sample of the training split."""
+def calibration_sample(images: np.ndarray, limit: int, seed: int = 0) -> np.ndarray:
+    """The default int8 calibration set: a fixed random sample of up to `limit` of the
+    validation images (already in memory; only activation ranges are taken from them)."""
+    order = np.random.default_rng(seed).permutation(len(images))[:limit]
+    return np.ascontiguousarray(images[np.sort(order)])
+
+
+def calibration_images(source: str, size: int, limit: int, seed: int = 0) -> np.ndarray:
+    """Up to `limit` images to calibrate int8 on, from files under `source` (directories, globs)."""
     from dtrain.serve.images import ImageRejected, prepare_file
+    from dtrain.serve.inspect_batch import collect_inputs
 
-    if source is not None:
-        from dtrain.serve.inspect_batch import collect_inputs
-
-        paths = collect_inputs([source])
-        random.Random(seed).shuffle(paths)
-        out = []
-        for path in paths:
-            try:
-                out.append(prepare_file(path, size))
-            except (ImageRejected, OSError):
-                continue  # an unreadable calibration file is no reason to stop
-            if len(out) == limit:
-                break
-        return np.stack(out) if out else np.zeros((0, 3, size, size), np.uint8)
-
-    from dtrain.data.datasets import open_split
-
-    ds = open_split(data_cfg, data_cfg.train_split, train=False)
-    order = list(range(len(ds)))
-    random.Random(seed).shuffle(order)
+    paths = collect_inputs([source])
+    random.Random(seed).shuffle(paths)
     out = []
-    for i in order:
-        sample = ds[i]
-        if sample is not None:
-            out.append(sample[0].numpy())
+    for path in paths:
+        try:
+            out.append(prepare_file(path, size))
+        except (ImageRejected, OSError):
+            continue  # an unreadable calibration file is no reason to stop
         if len(out) == limit:
             break
     return np.stack(out) if out else np.zeros((0, 3, size, size), np.uint8)
