@@ -148,9 +148,13 @@ def decode_pil(
     max_pixels: int = DEFAULT_MAX_PIXELS,
     max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES,
     admit: Admit = lambda _nbytes: nullcontext(),
-) -> PILImage:
-    """The same checks and refusals as `decode`, by Pillow alone: an 8-bit RGB image."""
-    return _checked_decode(data, max_pixels, max_decode_bytes, admit, _pil_rgb)[1]
+    then: Callable[[PILImage], T] = lambda img: img,
+) -> T:
+    """The same checks and refusals as `decode`, by Pillow alone: an 8-bit RGB image,
+    or what `then` makes of it. `then` runs inside `admit`, so the full-size image is
+    gone before the budget is given back (a resize after the budget let 16 concurrent
+    6000 px uploads hold 2.8 GB where the budget said 250 MB)."""
+    return _checked_decode(data, max_pixels, max_decode_bytes, admit, lambda d, h: then(_pil_rgb(d, h)))[1]
 
 
 def _checked_decode(data: bytes, max_pixels: int, max_decode_bytes: int, admit: Admit,
