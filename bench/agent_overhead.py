@@ -1,7 +1,7 @@
 """The node agent's cost: CPU time at 1 Hz over 60 s (target <= 1 % of one core) and RSS.
 
 Side by side in one run:
-- ours: `python -m dtrain.monitor.agent` at --interval 1, polled by a real Collector once
+- ours: `python -m dtrain.monitor.node.agent` at --interval 1, polled by a real Collector once
   a second (as on a job's head), scraped by Prometheus-style GETs of /metrics every 5 s,
   and fed by a stand-in rank sending report_step datagrams at 100 steps/s;
 - baseline: a bare psutil loop reading the same kernel counters once a second (CPU per
@@ -41,7 +41,7 @@ while True:
 
 RANK = """
 import sys, time
-from dtrain.monitor.report import report_step
+from dtrain.monitor.rank.client import report_step
 end = time.monotonic() + float(sys.argv[1])
 i = 0
 while time.monotonic() < end:
@@ -73,7 +73,7 @@ def measure(proc: psutil.Process, seconds: float) -> tuple[float, int]:
 
 
 def report_step_cost() -> tuple[float, float]:
-    from dtrain.monitor import report
+    from dtrain.monitor.rank import client as report
 
     def per_call(n: int) -> float:
         t = time.perf_counter()
@@ -100,8 +100,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--seconds", type=float, default=60.0)
     args = p.parse_args()
-    from dtrain.monitor.api import agent_argv, agent_env, agent_url
-    from dtrain.monitor.collector import Collector
+    from dtrain.monitor.head.startup import agent_argv, agent_env, agent_url
+    from dtrain.monitor.head.collector import Collector
 
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -360,8 +360,8 @@ def step_monitor(work: Path, dry: bool) -> dict:
 def _watched(directory: Path, job_id: str) -> Iterator[dict[str, str]]:
     """One node agent on loopback plus the head collector into `directory`, as `dtrain run`
     starts them on a node; yields the ranks' environment ({} when the agent did not start)."""
-    from dtrain.monitor.api import agent_argv, agent_env, agent_url
-    from dtrain.monitor.collector import Collector
+    from dtrain.monitor.head.startup import agent_argv, agent_env, agent_url
+    from dtrain.monitor.head.collector import Collector
 
     directory.mkdir(parents=True, exist_ok=True)
     agent = subprocess.Popen(agent_argv(job_id, "local", "127.0.0.1", 0, PY), stdin=subprocess.PIPE,
@@ -393,8 +393,8 @@ def monitor(work: Path, gpu: bool, train_s: float, idle_s: float) -> dict:
     idle-GPU rule over the stored series with an `idle_s` threshold (the shipped one is
     findings.IDLE_SECONDS = 300 s, longer than this check may take). Without `gpu`, only
     the agent's first /metrics."""
-    from dtrain.monitor import findings
-    from dtrain.monitor.store import Store
+    from dtrain.monitor.head import findings
+    from dtrain.monitor.head.metrics_db import MetricsDB
     from dtrain.paths import job_dir
     job = f"gpu-check-{int(time.time())}"
     best: dict[str, float] = {}
@@ -436,7 +436,7 @@ def monitor(work: Path, gpu: bool, train_s: float, idle_s: float) -> dict:
     summary = json.loads((work / "monitor" / "report" / "summary.json").read_text()) if code == 0 else {}
     gpus = (summary.get("nodes", {}).get("local", {}) or {}).get("gpus", {})
     g0 = gpus.get("0", {})
-    store = Store.for_job(job_dir(job), readonly=True)
+    store = MetricsDB.for_job(job_dir(job), readonly=True)
     try:
         fired = findings.idle_gpus(store.gpu_series(), min_idle_s=idle_s - 5.0)
     finally:
@@ -488,7 +488,7 @@ def export_check(work: Path, device: str) -> dict:
     if code != 0:
         return {"result": "FAIL", "figure": f"dtrain export exit {code}: {out.strip().splitlines()[-1][:150]}"}
     from dtrain.data.datasets import open_split
-    from dtrain.inspect.predict import normalize
+    from dtrain.evaluation.predict import normalize
     from dtrain.serve.backends import get_backend, measure
     from dtrain.serve.model_dir import load_card
     from dtrain.serve.verify import data_config

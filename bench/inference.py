@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from dtrain.data.datasets import open_split  # noqa: E402
-from dtrain.inspect.predict import normalize  # noqa: E402
+from dtrain.evaluation.predict import normalize  # noqa: E402
 from dtrain.serve.backends import get_backend  # noqa: E402
 from dtrain.serve.export import ExportOptions, export  # noqa: E402
 from dtrain.serve.predictor import softmax64  # noqa: E402
@@ -127,7 +127,7 @@ def _p(out, neg: int) -> np.ndarray:
 
 def _classes(out, neg: int, threshold: float) -> np.ndarray:
     """The class each image is reported as (the threshold applied, as dtrain inspect does)."""
-    from dtrain.inspect.metrics import decide
+    from dtrain.evaluation.metrics import decide
 
     return decide(softmax64(np.concatenate(out)), neg, threshold)
 

@@ -127,7 +127,7 @@ def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def ensure_data(data_dir: Path, opts: QuickstartOptions, images: int, stream: TextIO) -> dict[str, Any]:
     """Synthesise the data set unless one made with the same settings is already there."""
     from dtrain.data.synth import synthesize
-    from dtrain.inspect.progress import progress_bars
+    from dtrain.progress import progress_bars
 
     from dtrain.data.synth import GENERATOR_VERSION
 
@@ -152,8 +152,8 @@ def ensure_data(data_dir: Path, opts: QuickstartOptions, images: int, stream: Te
 
 def run_quickstart(opts: QuickstartOptions, stream: TextIO = sys.stdout) -> dict[str, Any]:
     """Run the recipe; returns the report dict also written to WORKDIR/report.json."""
-    from dtrain.inspect.evaluate import evaluate
-    from dtrain.inspect.report import write_report
+    from dtrain.evaluation.evaluate import evaluate
+    from dtrain.evaluation.html_report import write_report
     from dtrain.train.launch import default_nproc, launch_local, say_job
 
     t0 = time.perf_counter()
@@ -188,7 +188,7 @@ def run_quickstart(opts: QuickstartOptions, stream: TextIO = sys.stdout) -> dict
     evaluated = best if best.is_file() else checkpoint
 
     print("eval: predicting the validation and test splits", file=stream)
-    from dtrain.inspect.progress import progress_bars
+    from dtrain.progress import progress_bars
 
     with progress_bars(stream) as bars:
         result = evaluate(
@@ -212,7 +212,7 @@ def run_quickstart(opts: QuickstartOptions, stream: TextIO = sys.stdout) -> dict
 
 def _training_figures(checkpoint: Path, train_dir: Path, train_time: float) -> dict[str, Any]:
     """World size from the checkpoint, throughput from the trainer's metrics log."""
-    from dtrain.inspect.report import read_jsonl
+    from dtrain.evaluation.html_report import read_jsonl
     from dtrain.train.checkpoint import load
 
     blob = load(checkpoint)

@@ -29,10 +29,10 @@ def exported_model(tmp_path_factory, trained_checkpoint, synth_data) -> Path:
 @pytest.fixture(scope="session")
 def checkpoint_test_scores(trained_checkpoint, synth_data) -> dict[str, float]:
     """The checkpoint's own P(defect) per test-split file, computed the way evaluation
-    does (dtrain.inspect.predict: normalisation outside the network, channels_last)."""
+    does (dtrain.evaluation.predict: normalisation outside the network, channels_last)."""
     from dtrain.data.datasets import open_split
-    from dtrain.inspect.metrics import p_defect
-    from dtrain.inspect.predict import predict_split
+    from dtrain.evaluation.metrics import p_defect
+    from dtrain.evaluation.predict import predict_split
     from dtrain.serve.verify import data_config
     from dtrain.train.checkpoint import load_for_inference
 

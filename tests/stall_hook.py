@@ -12,7 +12,7 @@ from pathlib import Path
 
 _SITE = """
 import os, sys, time
-import dtrain.monitor.report as _report
+import dtrain.monitor.rank.client as _report
 
 _report_step = _report.report_step
 

@@ -85,8 +85,8 @@ def test_up_checks_the_nodes_and_run_reuses_them(rented, ec2, dtrain):
     # the instances' recorded lifetimes x the configured 1.0 USD per hour.
     from dtrain.cluster.providers.records import ClusterRecords
     from dtrain.jobs.registry import JobRegistry
-    from dtrain.monitor.dashboard.server import series
-    from dtrain.monitor.jobs import resolve
+    from dtrain.monitor.views.dashboard.server import series
+    from dtrain.monitor.views.jobs import resolve
 
     job = JobRegistry().list()[0]
     folder = resolve(job.id).dir

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from dtrain.cluster.checks import fill, judge_cluster, judge_node
 from dtrain.cluster.preflight import run_preflight
-from dtrain.cluster.report import NodeReport
+from dtrain.cluster.check_results import NodeReport
 from dtrain.cluster.spec import ClusterSpec
 
 
@@ -159,7 +159,7 @@ def test_gpus_and_drivers_are_read_from_nvidia_smi_and_compared(tmp_path):
 
 
 def test_the_table_prints_remote_text_verbatim_not_as_markup(tmp_path):
-    from dtrain.cluster.report import PreflightReport
+    from dtrain.cluster.check_results import PreflightReport
 
     r = NodeReport(node="n1", host="n1", address="n1", torch="[bold]2.4")
     r.fail("python", "python '/opt/[red]x[/red]/python' not found")

@@ -41,7 +41,7 @@ def test_model_dir_is_self_contained(exported_model):
 @pytest.mark.slow
 def test_inspect_reproduces_checkpoint_verdicts(exported_model, synth_data, checkpoint_test_scores, tmp_path, dtrain_cmd):
     """The acceptance check: >= 99.5 % of the checkpoint's test verdicts, and no more misses."""
-    from dtrain.inspect.metrics import miss_rate
+    from dtrain.evaluation.metrics import miss_rate
     from dtrain.serve.model_dir import load_card
 
     card = load_card(exported_model)

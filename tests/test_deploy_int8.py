@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow  # end to end: ./dev test -m 'not slow' leaves it 
 
 @pytest.fixture(scope="module")
 def int8_case(trained_checkpoint, synth_data, exported_model, tmp_path_factory):
-    from dtrain.inspect.metrics import choose_threshold, miss_rate
+    from dtrain.evaluation.metrics import choose_threshold, miss_rate
     from dtrain.serve.export import Deployable
     from dtrain.serve.predictor import softmax64
     from dtrain.serve.quantize import quantize_int8

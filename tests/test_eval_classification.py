@@ -14,8 +14,8 @@ import pytest
 
 from dtrain.data.layouts import resolve_negative
 from dtrain.errors import DtrainError
-from dtrain.inspect.evaluate import NO_NEGATIVE_NOTE, summarise
-from dtrain.inspect.predict import Predictions
+from dtrain.evaluation.evaluate import NO_NEGATIVE_NOTE, summarise
+from dtrain.evaluation.predict import Predictions
 from dtrain.serve.predictor import judge
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,8 +81,8 @@ def types_only(synth_data, tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_types_only_data_trains_evaluates_exports_and_inspects(types_only, tmp_path, dtrain_cmd):
-    from dtrain.inspect.evaluate import evaluate
-    from dtrain.inspect.report import render_html
+    from dtrain.evaluation.evaluate import evaluate
+    from dtrain.evaluation.html_report import render_html
     from dtrain.serve.export import ExportOptions, export
     from dtrain.serve.model_dir import load_card
 

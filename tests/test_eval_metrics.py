@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from dtrain.inspect import metrics as m
+from dtrain.evaluation import metrics as m
 
 
 def test_clopper_pearson_zero_events_closed_form():

@@ -10,9 +10,9 @@ import subprocess
 import numpy as np
 from PIL import Image
 
-from dtrain.inspect.evaluate import summarise, write_outputs
-from dtrain.inspect.predict import Predictions
-from dtrain.inspect.report import read_jsonl, write_report
+from dtrain.evaluation.evaluate import summarise, write_outputs
+from dtrain.evaluation.predict import Predictions
+from dtrain.evaluation.html_report import read_jsonl, write_report
 
 
 def _fixture(tmp_path):

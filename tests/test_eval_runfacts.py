@@ -7,7 +7,7 @@ import json
 
 import torch
 
-from dtrain.inspect.report import render_html
+from dtrain.evaluation.html_report import render_html
 from dtrain.train.facts import cpu_model, describe, run_facts
 
 PLAIN = (str, int, float, bool, type(None))
@@ -39,7 +39,7 @@ def test_bf16_on_a_cpu_says_whether_it_is_native():
 
 
 def test_the_checkpoint_and_the_evaluation_state_what_ran(trained_checkpoint, synth_data):
-    from dtrain.inspect.evaluate import evaluate
+    from dtrain.evaluation.evaluate import evaluate
 
     blob = torch.load(trained_checkpoint, map_location="cpu", weights_only=False)
     run = blob["run"]

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from dtrain.inspect.evaluate import summarise, write_outputs
-from dtrain.inspect.predict import Predictions
+from dtrain.evaluation.evaluate import summarise, write_outputs
+from dtrain.evaluation.predict import Predictions
 
 CLASSES = ["dent", "ok", "scratch"]  # the negative class need not be first
 OK = 1

@@ -23,7 +23,7 @@ HINTS = {
 
 # A rank of a plain user script that reports its steps, as the trainer does.
 RANK = """
-from dtrain.monitor.report import report_step
+from dtrain.monitor.rank.client import report_step
 report_step(step=1, step_time_s=0.01, samples=1)
 print("rank ran", flush=True)
 """

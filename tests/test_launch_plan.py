@@ -66,7 +66,7 @@ def test_static_plan_is_a_hand_written_launch():
     assert n1.env["DTRAIN_HEARTBEAT_DIR"] == "/tmp/dtrain-J1-n1/heartbeat"
     assert "DTRAIN_AUTO_RESUME" not in n1.env
     # The monitor's agent on every node, bound to the node's cluster address; ranks find it.
-    assert n1.agent_argv[:6] == ["nice", "-n", "10", PY, "-m", "dtrain.monitor.agent"] and "10.0.0.2" in n1.agent_argv
+    assert n1.agent_argv[:6] == ["nice", "-n", "10", PY, "-m", "dtrain.monitor.node.agent"] and "10.0.0.2" in n1.agent_argv
     assert n1.agent_url == "http://10.0.0.2:9464" and n1.env["DTRAIN_AGENT_ADDR"] == "127.0.0.1:9464"
     assert not build_plan(JobSpec(command=["x.py"], monitor=False), cluster().nodes, "J", head_cwd="/").nodes[0].agent_argv
 

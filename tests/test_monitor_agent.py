@@ -16,17 +16,17 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dtrain.monitor.api import agent_argv, agent_env, agent_url
-from dtrain.monitor.collector import Collector
-from dtrain.monitor.metrics import METRICS
-from dtrain.monitor.store import Store
+from dtrain.monitor.head.startup import agent_argv, agent_env, agent_url
+from dtrain.monitor.head.collector import Collector
+from dtrain.monitor.node.metrics import METRICS
+from dtrain.monitor.head.metrics_db import MetricsDB
 
 REPO = Path(__file__).resolve().parents[1]
 
 # A stand-in training rank: `steps` steps of `sleep` seconds, reported like the trainer does.
 RANK_CODE = """
 import sys, time
-from dtrain.monitor.report import report_step
+from dtrain.monitor.rank.client import report_step
 steps, sleep = int(sys.argv[1]), float(sys.argv[2])
 for i in range(steps):
     t0 = time.perf_counter()
@@ -111,7 +111,7 @@ def test_agent_listens_on_loopback_by_default():
     import psutil
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "dtrain.monitor.agent", "--job", "j", "--node", "n", "--port",
+    proc = subprocess.Popen([sys.executable, "-m", "dtrain.monitor.node.agent", "--job", "j", "--node", "n", "--port",
                              str(port)], stdout=subprocess.DEVNULL, cwd=REPO)
     try:
         wait_http(agent_url("127.0.0.1", port) + "/healthz")
@@ -155,7 +155,7 @@ def test_collector_stores_series_flags_straggler_and_dead_node(tmp_path):
         for a in agents.values():
             a.kill()
             a.wait()
-    store = Store.for_job(job_dir, readonly=True)
+    store = MetricsDB.for_job(job_dir, readonly=True)
     nodes = {n["node"]: n for n in store.nodes()}
     assert nodes["n1"]["state"] == "not_reporting" and nodes["n2"]["state"] == "reporting"
     series = store.node_series()
@@ -179,5 +179,5 @@ def test_an_agent_of_another_job_is_not_taken_for_ours(agent, tmp_path):
     coll.stop()
     assert [f.kind for f in found] == ["not_reporting"]
     assert "belongs to job 'jobX'" in found[0].message
-    store = Store.for_job(tmp_path / "jobY", readonly=True)
+    store = MetricsDB.for_job(tmp_path / "jobY", readonly=True)
     assert store.node_series() == {}

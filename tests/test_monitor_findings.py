@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dtrain.monitor import findings as F
+from dtrain.monitor.head import findings as F
 
 
 def rank_series(step_times, t0=0.0, steps=10, data_wait=None):
@@ -108,9 +108,9 @@ def test_a_node_silent_at_a_normal_end_is_finished_not_lost():
 
 
 def test_recorded_findings_are_judged_against_the_end(tmp_path):
-    from dtrain.monitor.store import Store
+    from dtrain.monitor.head.metrics_db import MetricsDB
 
-    store = Store.for_job(tmp_path)
+    store = MetricsDB.for_job(tmp_path)
     for node in ("h1", "h2"):
         store.upsert_node(node, f"http://{node}:9464", 0.0, "pending")
         store.write_poll(0.0, [(node, {}, "{}")], [], [])

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from dtrain.monitor.store import Store
+from dtrain.monitor.head.metrics_db import MetricsDB
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.netns, pytest.mark.slow]
 # outlast that, as any real training does.)
 RANK_SCRIPT = """
 import os, time
-from dtrain.monitor.report import report_step
+from dtrain.monitor.rank.client import report_step
 rank = int(os.environ["RANK"])
 sleep = 0.25 if rank == 1 else 0.05
 end = time.monotonic() + 6.0
@@ -54,7 +54,7 @@ def test_dtrain_run_collects_both_hosts_and_reports(netns_cluster, dtrain_home, 
     steps = {rank: int(n) for rank, n in steps.items()}
     assert set(steps) == {"0", "1"}, res.stdout
 
-    store = Store.for_job(dtrain_home / "jobs" / job_id, readonly=True)
+    store = MetricsDB.for_job(dtrain_home / "jobs" / job_id, readonly=True)
     nodes = store.node_series()
     assert set(nodes) == {"h1", "h2"}
     for series in nodes.values():

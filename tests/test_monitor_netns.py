@@ -14,9 +14,9 @@ from test_monitor_agent import RANK_CODE, wait_http
 
 from dtrain.cluster.runner import runner_for
 from dtrain.cluster.spec import load_cluster
-from dtrain.monitor.api import agent_argv, agent_env, agent_url
-from dtrain.monitor.collector import Collector
-from dtrain.monitor.store import Store
+from dtrain.monitor.head.startup import agent_argv, agent_env, agent_url
+from dtrain.monitor.head.collector import Collector
+from dtrain.monitor.head.metrics_db import MetricsDB
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 PORT = 19464  # not the launcher's default, so agents of other tests cannot answer for ours
@@ -55,7 +55,7 @@ def test_two_hosts_collected_straggler_flagged_lost_nodes_reported(netns_cluster
         assert [(f.node, f.rank) for f in found if f.kind == "straggler"] == [(nodes[1].name, 3)], found
 
         victim = nodes[1].name
-        [pid] = [p for p, cmd in netns_cluster.processes(victim) if "dtrain.monitor.agent" in cmd
+        [pid] = [p for p, cmd in netns_cluster.processes(victim) if "dtrain.monitor.node.agent" in cmd
                  and not cmd.startswith(("bash", "sh "))]
         os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
@@ -85,7 +85,7 @@ def test_two_hosts_collected_straggler_flagged_lost_nodes_reported(netns_cluster
         for a in agents.values():
             a.wait(timeout=15)
 
-    store = Store.for_job(job_dir, readonly=True)
+    store = MetricsDB.for_job(job_dir, readonly=True)
     states = {n["node"]: n["state"] for n in store.nodes()}
     assert states == {nodes[0].name: "reporting", nodes[1].name: "not_reporting"}
     series = store.node_series()
@@ -98,7 +98,7 @@ def test_two_hosts_collected_straggler_flagged_lost_nodes_reported(netns_cluster
     # every host's agent is gone: nothing of the monitor is left running anywhere
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(
-        "dtrain.monitor.agent" in cmd for n in nodes for _, cmd in netns_cluster.processes(n.name)
+        "dtrain.monitor.node.agent" in cmd for n in nodes for _, cmd in netns_cluster.processes(n.name)
     ):
         time.sleep(0.2)
-    assert not [cmd for n in nodes for _, cmd in netns_cluster.processes(n.name) if "dtrain.monitor.agent" in cmd]
+    assert not [cmd for n in nodes for _, cmd in netns_cluster.processes(n.name) if "dtrain.monitor.node.agent" in cmd]

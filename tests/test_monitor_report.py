@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dtrain.monitor import report
-from dtrain.monitor.ranks import RankTable
+from dtrain.monitor.rank import client as report
+from dtrain.monitor.node.ranks import RankTable
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,7 +63,7 @@ def test_steps_are_batched_into_cumulative_counters(sink):
 
 
 def test_a_rank_flushes_its_last_steps_at_exit(sink):
-    code = ("from dtrain.monitor.report import report_step\n"
+    code = ("from dtrain.monitor.rank.client import report_step\n"
             "for i in range(7): report_step(step=i, step_time_s=0.01, samples=2)\n")
     env = {**os.environ}
     subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, check=True, timeout=60)

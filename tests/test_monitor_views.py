@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from dtrain.monitor.jobs import JobInfo
-from dtrain.monitor.store import Store
+from dtrain.monitor.views.jobs import JobInfo
+from dtrain.monitor.head.metrics_db import MetricsDB
 
 T0 = 1_800_000_000.0
 N = 400  # one poll a second: 6.7 minutes
@@ -21,7 +21,7 @@ B_QUIET = N - 4  # ... in `finished_job`
 
 
 def write_job(job_dir, b_polls):
-    store = Store.for_job(job_dir)
+    store = MetricsDB.for_job(job_dir)
     store.set_meta(job=job_dir.name, started=T0)
     for node in ("a", "b"):
         store.upsert_node(node, f"http://{node}:9464", T0, "pending")
@@ -80,7 +80,7 @@ def finished_job(tmp_path_factory):
 
 
 def test_top_renders_every_node_and_the_findings_in_80_columns(stored_job):
-    from dtrain.monitor.top import render_text
+    from dtrain.monitor.views.top import render_text
 
     store = stored_job.open()
     text = render_text(store, stored_job, width=80)
@@ -100,9 +100,9 @@ def test_top_renders_every_node_and_the_findings_in_80_columns(stored_job):
 
 
 def test_a_job_that_ended_normally_shows_no_lost_node(finished_job):
-    from dtrain.monitor.jobreport import write_report
-    from dtrain.monitor.jobs import resolve
-    from dtrain.monitor.top import render_text
+    from dtrain.monitor.views.job_report import write_report
+    from dtrain.monitor.views.jobs import resolve
+    from dtrain.monitor.views.top import render_text
 
     store = finished_job.open()
     text = render_text(store, finished_job, width=80)
@@ -153,8 +153,8 @@ def test_a_failed_job_keeps_a_node_lost_at_its_end(finished_job, dtrain_home):
     # A node that dies makes the job fail seconds later: that loss explains the failure.
     # `top` learns the end from the registry while it watches.
     from dtrain.jobs.registry import JobRegistry, JobState
-    from dtrain.monitor.jobs import JobInfo, refresh
-    from dtrain.monitor.top import render_text
+    from dtrain.monitor.views.jobs import JobInfo, refresh
+    from dtrain.monitor.views.top import render_text
 
     registry = JobRegistry()
     rec = registry.create("demo", ["a", "b"], 4, finished_job.dir, job_id=finished_job.id)
@@ -207,7 +207,7 @@ def test_dashboard_of_a_finished_job_in_headless_chromium(finished_job, stored_j
     logs.mkdir()
     (logs / "a.log").write_text("[a:r0] epoch 0 step 10 loss 1.93\n")
 
-    from dtrain.monitor.dashboard.server import make_server
+    from dtrain.monitor.views.dashboard.server import make_server
 
     server = make_server("127.0.0.1", 0)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
@@ -254,7 +254,7 @@ def test_dashboard_of_a_finished_job_in_headless_chromium(finished_job, stored_j
 
 
 def test_a_diverged_loss_is_stored_as_a_gap(tmp_path):
-    store = Store.for_job(tmp_path)
+    store = MetricsDB.for_job(tmp_path)
     store.write_poll(T0, [], [], [("a", 0, {"loss": float("nan"), "step_time": float("inf"), "steps": 1})])
     row = store.rank_series()[("a", 0)]
     assert row["loss"] == [None] and row["step_time"] == [None] and row["steps"] == [1]
@@ -265,7 +265,7 @@ def test_dashboard_thins_long_histories_keeping_the_newest(stored_job, dtrain_ho
     import shutil
 
     from dtrain.errors import DtrainError
-    from dtrain.monitor.dashboard import server
+    from dtrain.monitor.views.dashboard import server
 
     shutil.copytree(stored_job.dir, dtrain_home / "jobs" / stored_job.id)
     with pytest.raises(DtrainError):

@@ -17,7 +17,7 @@ import torch
 
 from dtrain.launch.slurm import parse_version
 from dtrain.launch.slurm_job import SlurmClient
-from dtrain.monitor.store import Store
+from dtrain.monitor.head.metrics_db import MetricsDB
 
 from launch_helpers import REPO, SCRIPTS, dtrain, free_port, job_id_of, job_processes, wait_gone
 from test_launch_netns import _recipe_sets, assert_nothing_left, kill_workers
@@ -44,7 +44,7 @@ def status(slurm_cluster, job_id: str) -> dict:
 
 def assert_report_shows_both_nodes(slurm_cluster, dtrain_home, job_id: str, tmp_path, *, samples: int) -> None:
     """The head collected both nodes' agents (at least `samples` each) and `dtrain report` shows them."""
-    store = Store.for_job(dtrain_home / "jobs" / job_id, readonly=True)
+    store = MetricsDB.for_job(dtrain_home / "jobs" / job_id, readonly=True)
     nodes = store.node_series()
     store.close()
     assert set(nodes) == {"h1", "h2"} and all(len(s["t"]) >= samples for s in nodes.values()), nodes
@@ -202,7 +202,7 @@ def test_ctrl_c_on_a_followed_job_cancels_it_in_slurm(slurm_cluster, dtrain_home
 # right after optimizer step 3; a requeued run trains on.
 _KILL_ONCE = """
 import os, signal
-import dtrain.monitor.report as _report
+import dtrain.monitor.rank.client as _report
 
 _report_step = _report.report_step
 
@@ -296,7 +296,7 @@ def test_a_detached_job_has_an_agent_on_every_node_and_its_report_shows_them(slu
     while "epoch 1" not in dtrain("logs", job_id, env=slurm_cluster.env()).stdout:
         assert time.monotonic() < deadline
         time.sleep(1)
-    agents = [cmd for _, cmd in job_processes(job_id) if "dtrain.monitor.agent" in cmd]
+    agents = [cmd for _, cmd in job_processes(job_id) if "dtrain.monitor.node.agent" in cmd]
     assert any("--node h1" in a for a in agents) and any("--node h2" in a for a in agents), agents
     while status(slurm_cluster, job_id)["state"] != "succeeded":
         assert time.monotonic() < deadline + 60, status(slurm_cluster, job_id)

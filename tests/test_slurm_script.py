@@ -46,7 +46,7 @@ srun --kill-on-bad-exit=1 --wait=30 --ntasks-per-node=1 --input=none bash -c 'no
 export DTRAIN_NODE_RANK="$SLURM_NODEID" DTRAIN_HEARTBEAT_DIR="/tmp/dtrain-J1-$node/heartbeat"
 if [ "$SLURM_NODEID" = 0 ]; then is_host=true; else is_host=false; fi
 export DTRAIN_AGENT_ADDR=127.0.0.1:9464
-mkdir -p "/tmp/dtrain-J1-$node" && nice -n 10 "$0" -m dtrain.monitor.agent --job J1 --node "$node" --bind "$node" --port 9464 >"/tmp/dtrain-J1-$node/agent.log" 2>&1 &
+mkdir -p "/tmp/dtrain-J1-$node" && nice -n 10 "$0" -m dtrain.monitor.node.agent --job J1 --node "$node" --bind "$node" --port 9464 >"/tmp/dtrain-J1-$node/agent.log" 2>&1 &
 exec "$0" -m dtrain.launch.node --job J1 --node "$node" --master "$DTRAIN_RDZV_HOST" --scratch "/tmp/dtrain-J1-$node" --grace 5.0 --watch-stdin no -- \
   "$0" -m torch.distributed.run --nnodes "$DTRAIN_NUM_NODES" --rdzv-backend c10d --rdzv-endpoint "$DTRAIN_RDZV_HOST:29500" --rdzv-id J1 --rdzv-conf "is_host=$is_host" --local-addr "$node" --max-restarts 0 --nproc-per-node 4 --tee 3 --log-dir "/tmp/dtrain-J1-$node/torchrun" --log-line-prefix-template "[$node:r\${rank}] " "$@"' \
   /opt/venv/bin/python train.py --note 'it'"'"'s' 2>&1 | sed -u '/^@@dtrain@@ /d'
@@ -80,7 +80,7 @@ def test_options_that_do_not_apply_to_an_allocation_are_refused(field):
 def test_without_monitoring_no_agent_starts():
     job = JobSpec(command=["python", "train.py"], monitor=False)
     text = batch_script(job, cluster(), "J1", workdir="/w", output="/o/output.log")
-    assert "dtrain.monitor.agent" not in text and "DTRAIN_AGENT_ADDR" not in text
+    assert "dtrain.monitor.node.agent" not in text and "DTRAIN_AGENT_ADDR" not in text
 
 
 @pytest.mark.parametrize("field, value", [

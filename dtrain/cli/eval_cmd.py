@@ -27,8 +27,8 @@ def eval_command(
     batch_size: int = typer.Option(256, "--batch-size", min=1, help="Images per inference batch."),
 ) -> None:
     """Accuracy, miss rate with its 95 % upper bound, false-alarm rate, threshold and plots for a checkpoint."""
-    from dtrain.inspect.evaluate import evaluate, json_safe
-    from dtrain.inspect.progress import progress_bars
+    from dtrain.evaluation.evaluate import evaluate, json_safe
+    from dtrain.progress import progress_bars
 
     out_dir = out or default_eval_dir(checkpoint)
     # Bars on stderr: with --json, stdout carries only the JSON.

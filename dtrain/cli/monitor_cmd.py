@@ -20,8 +20,8 @@ def top(
     """Live per-node view of a job: CPU, memory, network, disk, GPUs, rank step times, findings."""
     from rich.console import Console
 
-    from dtrain.monitor.jobs import resolve
-    from dtrain.monitor.top import render, run_live
+    from dtrain.monitor.views.jobs import resolve
+    from dtrain.monitor.views.top import render, run_live
 
     info = resolve(job)
     console = Console()
@@ -44,7 +44,7 @@ def dashboard(
 ) -> None:
     """A web page with every job: per-node and per-rank charts (history and live), log tails, findings."""
     from dtrain.errors import DtrainError
-    from dtrain.monitor.dashboard.server import make_server
+    from dtrain.monitor.views.dashboard.server import make_server
 
     try:
         server = make_server(host, port)
@@ -66,8 +66,8 @@ def report(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder; default: JOB_DIR/report."),
 ) -> None:
     """Post-job report: report.html, PNG plots and summary.json (per node/rank means, totals, findings)."""
-    from dtrain.monitor.jobreport import write_report
-    from dtrain.monitor.jobs import resolve
+    from dtrain.monitor.views.job_report import write_report
+    from dtrain.monitor.views.jobs import resolve
 
     info = resolve(job)
     target = out if out is not None else info.dir / "report"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dtrain.cluster.report import NodeReport
+from dtrain.cluster.check_results import NodeReport
 from dtrain.cluster.spec import NodeSpec
 
 SLOW_LOOKUP_S = 1.0

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dtrain.cluster import checks
-from dtrain.cluster.report import NodeReport, PreflightReport
+from dtrain.cluster.check_results import NodeReport, PreflightReport
 from dtrain.cluster.runner import CommandRunner, runner_for
 from dtrain.cluster.spec import ClusterSpec, NodeSpec
 

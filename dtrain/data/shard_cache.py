@@ -21,13 +21,13 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from dtrain.data.storage import Store
+from dtrain.data.storage import DataStore
 
 _STALE_LOCK_S = 600.0
 
 
 class ShardCache:
-    def __init__(self, directory: str, limit_bytes: int, store: Store, sha256: dict[str, str]) -> None:
+    def __init__(self, directory: str, limit_bytes: int, store: DataStore, sha256: dict[str, str]) -> None:
         self.directory = directory
         self.limit = limit_bytes
         self.store = store

@@ -44,7 +44,7 @@ from dtrain.data.shard_format import (
     sidecar_name,
     wids_shardlist,
 )
-from dtrain.data.storage import Store
+from dtrain.data.storage import DataStore
 from dtrain.errors import DtrainError
 
 # Fault injection for the resume test: SIGKILL this process after N shard uploads.
@@ -108,7 +108,7 @@ def _ext(path: str) -> str:
 
 def push(
     src: DataConfig,
-    store: Store,
+    store: DataStore,
     shard_size: int,
     progress: Progress | None = None,
     splits: list[str] | None = None,
@@ -200,7 +200,7 @@ def push(
     return report
 
 
-def _write_split_files(store: Store, split: str, listing, root: str, rows: np.ndarray, shards: list[ShardInfo]) -> SplitInfo:
+def _write_split_files(store: DataStore, split: str, listing, root: str, rows: np.ndarray, shards: list[ShardInfo]) -> SplitInfo:
     index = encode_index(rows)
     rel = [os.path.relpath(p, root) for p in listing.paths]
     paths = json.dumps(rel).encode()
@@ -219,7 +219,7 @@ def _write_split_files(store: Store, split: str, listing, root: str, rows: np.nd
     )
 
 
-def _already_there(store: Store, info: ShardInfo, present: dict[str, int], recheck: bool) -> bool:
+def _already_there(store: DataStore, info: ShardInfo, present: dict[str, int], recheck: bool) -> bool:
     """Size + marker is enough after an interruption; `recheck` re-reads the object
     itself (to replace shards that `verify` found corrupted)."""
     if present.get(info.name) != info.bytes or info.name + ".sha256" not in present:

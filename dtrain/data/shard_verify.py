@@ -15,11 +15,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from dtrain.data.shard_format import MANIFEST, Manifest, garbage, sha256_hex
-from dtrain.data.storage import Store, open_store
+from dtrain.data.storage import DataStore, open_store
 from dtrain.errors import DtrainError
 
 
-def read_manifest_bytes(store: Store) -> bytes:
+def read_manifest_bytes(store: DataStore) -> bytes:
     if store.size(MANIFEST) is None:
         store.check_reachable()
         raise DtrainError(
@@ -29,7 +29,7 @@ def read_manifest_bytes(store: Store) -> bytes:
     return store.read_bytes(MANIFEST)
 
 
-def load_manifest(store: Store, raw: bytes | None = None) -> Manifest:
+def load_manifest(store: DataStore, raw: bytes | None = None) -> Manifest:
     data = raw if raw is not None else read_manifest_bytes(store)
     try:
         return Manifest.model_validate_json(data)
@@ -55,7 +55,7 @@ class VerifyReport:
         return not self.problems
 
 
-def verify(store: Store, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+def verify(store: DataStore, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
     """Re-read every shard and index file and compare size and sha256 with the manifest."""
     manifest = load_manifest(store)
     items = []
@@ -85,7 +85,7 @@ def verify(store: Store, progress: Callable[[int, int], None] | None = None) -> 
     return report
 
 
-def collect_garbage(store: Store, *, dry_run: bool = False) -> list[str]:
+def collect_garbage(store: DataStore, *, dry_run: bool = False) -> list[str]:
     """Remove (or with `dry_run` only list) the objects of superseded versions and of
     interrupted pushes. Only while no push to this address runs (its new objects are not
     in the manifest yet) and no job still reads an earlier version."""
@@ -95,7 +95,7 @@ def collect_garbage(store: Store, *, dry_run: bool = False) -> list[str]:
     return names
 
 
-def info(store: Store) -> dict[str, Any]:
+def info(store: DataStore) -> dict[str, Any]:
     """Counts per split and class, shard counts and sizes, the fingerprint."""
     raw = read_manifest_bytes(store)
     manifest = load_manifest(store, raw)

@@ -40,7 +40,7 @@ from dtrain.data.config import DataConfig
 from dtrain.data.shard_cache import ShardCache
 from dtrain.data.shard_format import Manifest, decode_index, sha256_hex
 from dtrain.data.shard_verify import load_manifest, read_manifest_bytes
-from dtrain.data.storage import Store, open_store
+from dtrain.data.storage import DataStore, open_store
 from dtrain.errors import DtrainError
 
 log = logging.getLogger("dtrain.data")
@@ -89,7 +89,7 @@ def decode_bytes(data: bytes, ext: str) -> torch.Tensor:
 class ShardDataset(Dataset):
     def __init__(
         self,
-        store: Store,
+        store: DataStore,
         manifest: Manifest,
         split: str,
         rows,  # numpy int64 [N, 4]: shard, offset, size, label

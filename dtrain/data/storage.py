@@ -8,7 +8,7 @@ credentials from the usual AWS environment variables / config files / instance r
 Credentials never appear in a message: errors name the address with any user-info
 stripped, and every known secret value is blanked out of the text we show.
 
-A `Store` is safe to hand to DataLoader workers: the filesystem object is created lazily
+A `DataStore` is safe to hand to DataLoader workers: the filesystem object is created lazily
 in each process (s3fs clients hold an event loop and sockets that must not cross a fork).
 
 Every remote call has a time limit (`timeout`, default 60 s, `DTRAIN_STORAGE_TIMEOUT`):
@@ -71,7 +71,7 @@ def redact(address: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
-class Store:
+class DataStore:
     """A data address resolved to a filesystem and a root; names are '/'-joined below it."""
 
     def __init__(self, address: str, storage_options: dict[str, Any] | None = None,
@@ -112,7 +112,7 @@ class Store:
                     options = dict(self.options)
                     if self._fs is not None and "session" not in options:
                         options.update(_forked_session(self._fs))
-                    # A fresh instance per Store: fsspec's instance cache is keyed on the
+                    # A fresh instance per DataStore: fsspec's instance cache is keyed on the
                     # arguments, not on the credentials found in the environment.
                     with self.errors():
                         fs, root = fsspec.core.url_to_fs(self.address, skip_instance_cache=True, **options)
@@ -301,5 +301,5 @@ def _mentions_bucket(exc: BaseException) -> bool:
     return "NoSuchBucket" in text or "bucket" in text.lower()
 
 
-def open_store(address: str, storage_options: dict[str, Any] | None = None, timeout: float | None = None) -> Store:
-    return Store(address, storage_options, timeout)
+def open_store(address: str, storage_options: dict[str, Any] | None = None, timeout: float | None = None) -> DataStore:
+    return DataStore(address, storage_options, timeout)

@@ -2,7 +2,7 @@
 
 One start-up path for every job, local or not. Monitoring must never stop a job from running: an agent that cannot start (port taken,
 old dtrain on the node) is reported in one line and the job goes on without it.
-The API comes from dtrain.monitor.api (owner: monitor).
+The API comes from dtrain.monitor.head.startup (owner: monitor).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class Monitoring:
             self.endpoints[node.name] = node.agent_url
         if not self._waiting and self.endpoints and self.collector is None:
             try:
-                from dtrain.monitor.collector import Collector
+                from dtrain.monitor.head.collector import Collector
 
                 self.collector = Collector(self.job_dir, self.endpoints, job_id=self.plan.job_id,
                                            on_finding=lambda f: self.say(f"[dtrain] finding: {f.message}")).start()

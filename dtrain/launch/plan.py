@@ -157,7 +157,7 @@ def node_command(launch: NodeLaunch, *, check_sync: bool = True) -> tuple[list[s
 
 
 def _agent(job: JobSpec, node, rank: int, address: str, job_id: str) -> dict:
-    from dtrain.monitor.api import agent_argv, agent_env, agent_url
+    from dtrain.monitor.head.startup import agent_argv, agent_env, agent_url
 
     port = job.monitor_port + (rank if node.is_local else 0)
     return {"agent_argv": agent_argv(job_id, node.name, address, port, node.python),

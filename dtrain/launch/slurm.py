@@ -292,7 +292,7 @@ def _agent(job: JobSpec, job_id: str, scratch: str) -> list[str]:
     child, so the wrapper's clean-up stops it with the job (the head collects from it)."""
     if not job.monitor:
         return []
-    agent = ["nice", "-n", "10", '"$0"', "-m", "dtrain.monitor.agent", "--job", job_id, "--node", '"$node"',
+    agent = ["nice", "-n", "10", '"$0"', "-m", "dtrain.monitor.node.agent", "--job", job_id, "--node", '"$node"',
              "--bind", '"$node"', "--port", str(job.monitor_port)]
     return [f'export DTRAIN_AGENT_ADDR=127.0.0.1:{job.monitor_port}',
             f'mkdir -p "{scratch}" && {_words(agent)} >"{scratch}/agent.log" 2>&1 &']

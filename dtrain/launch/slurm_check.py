@@ -17,7 +17,7 @@ import sys
 import time
 
 from dtrain.cluster import checks, probe_remote
-from dtrain.cluster.report import NodeReport
+from dtrain.cluster.check_results import NodeReport
 from dtrain.cluster.spec import NodeSpec
 
 PROBE_TIMEOUT = 60.0

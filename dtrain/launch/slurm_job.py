@@ -270,8 +270,8 @@ def follow(registry: JobRegistry, job_id: str, client: SlurmClient, *, out: Text
 
 def _collect(job_id: str, nodes: list[str], client: SlurmClient, port: int, out: TextIO):
     """The head's collector over the allocated nodes' agents; monitoring never stops a job."""
-    from dtrain.monitor.api import agent_url
-    from dtrain.monitor.collector import Collector
+    from dtrain.monitor.head.startup import agent_url
+    from dtrain.monitor.head.collector import Collector
 
     try:
         endpoints = {n: agent_url(client.node_address(n), port) for n in nodes}

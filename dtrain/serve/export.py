@@ -4,7 +4,7 @@
    written as ONNX (fp32, and int8) and/or a torch.export program (run in fp32, and in
    bf16 where the machine multiplies bf16 natively).
 2. On the validation split the checkpoint's own P(defect) fixes the threshold for the
-   target miss rate (dtrain.inspect.metrics.choose_threshold, as evaluation does).
+   target miss rate (dtrain.evaluation.metrics.choose_threshold, as evaluation does).
 3. Every candidate backend is run over the same validation images and compared with
    the checkpoint: verdict agreement, largest |P(defect)| difference, and its miss
    rate at that threshold. A quantised backend the export tried on its own
@@ -67,7 +67,7 @@ class ExportOptions(StrictModel):
     calibration: str | None = None
     calibration_images: int = Field(256, ge=1)
     target_miss_rate: float = Field(0.005, gt=0.0, lt=1.0)
-    # How the threshold is chosen on validation (dtrain.inspect.metrics.allowed_misses):
+    # How the threshold is chosen on validation (dtrain.evaluation.metrics.allowed_misses):
     # bound95, the miss rate's 95 % upper bound within target, is what the quickstart
     # evaluates with; a plant line wants the bound, not a coin flip on new parts.
     threshold_rule: Literal["rate", "bound95"] = "bound95"
@@ -79,7 +79,7 @@ class ExportOptions(StrictModel):
 
 def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
     from dtrain import __version__
-    from dtrain.inspect.metrics import choose_threshold, miss_rate, p_defect
+    from dtrain.evaluation.metrics import choose_threshold, miss_rate, p_defect
     from dtrain.train.checkpoint import load_for_inference
 
     out = Path(opts.out)

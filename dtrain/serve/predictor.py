@@ -1,6 +1,6 @@
 """A loaded model directory: uint8 image batches in, verdicts out.
 
-The same arithmetic as evaluation (dtrain.inspect.metrics): P(defect) = 1 - softmax
+The same arithmetic as evaluation (dtrain.evaluation.metrics): P(defect) = 1 - softmax
 probability of the negative class, "defect" iff P(defect) >= threshold, and the class
 shown for a defect is the most likely defect class. Softmax runs in float64 on the
 logits so that P(defect) keeps its resolution next to 0 and 1.
@@ -37,7 +37,7 @@ def softmax64(logits: np.ndarray) -> np.ndarray:
 
 def judge(logits: np.ndarray, classes: list[str], negative_index: int | None, threshold: float) -> list[Verdict]:
     """Without a negative class (a classifier) P(defect) is 1: every verdict is "defect", with the argmax class."""
-    from dtrain.inspect.metrics import decide, p_defect
+    from dtrain.evaluation.metrics import decide, p_defect
 
     probs = softmax64(logits)
     p_def = p_defect(probs, negative_index)

@@ -73,7 +73,7 @@ def reference_logits(wrapped, images: np.ndarray) -> np.ndarray:
 
 
 def verify_backend(run, val: ValData, ref_logits: np.ndarray, negative_index: int | None, threshold: float) -> Verification:
-    from dtrain.inspect.metrics import false_alarm_rate, miss_rate, p_defect
+    from dtrain.evaluation.metrics import false_alarm_rate, miss_rate, p_defect
     from dtrain.serve.predictor import softmax64
 
     logits = np.concatenate([run(val.images[i : i + REFERENCE_BATCH]) for i in range(0, len(val.images), REFERENCE_BATCH)])

@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from dtrain.data.transforms import MEAN, STD, normalize_batch
 from dtrain.errors import ConfigError
 from dtrain.models import build_model
-from dtrain.monitor.report import report_step
+from dtrain.monitor.rank.client import report_step
 from dtrain.train import checkpoint as ckpt
 from dtrain.train import dist, precision
 from dtrain.train.facts import describe, run_facts

@@ -23,7 +23,7 @@ args = parser.parse_args()
 rank = int(os.environ["RANK"])
 quiet = {int(r) for r in args.quiet_ranks.split(",") if r}
 if args.heartbeat:
-    from dtrain.monitor.report import report_step
+    from dtrain.monitor.rank.client import report_step
 for i in range(args.ticks):
     if args.stall_at >= 0 and i == (args.stall_at if rank == args.stall_rank else args.stall_at + 3):
         time.sleep(3600)

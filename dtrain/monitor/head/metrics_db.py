@@ -45,7 +45,7 @@ CREATE TABLE IF NOT EXISTS findings(key TEXT PRIMARY KEY, t REAL, kind TEXT, nod
 """
 
 
-class Store:
+class MetricsDB:
     def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
         self.path = Path(path)
         if readonly:
@@ -60,7 +60,7 @@ class Store:
         self.db.row_factory = sqlite3.Row
 
     @classmethod
-    def for_job(cls, job_dir: str | Path, *, readonly: bool = False) -> "Store":
+    def for_job(cls, job_dir: str | Path, *, readonly: bool = False) -> "MetricsDB":
         return cls(Path(job_dir) / FILENAME, readonly=readonly)
 
     def close(self) -> None:

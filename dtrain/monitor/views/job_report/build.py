@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dtrain.monitor.jobreport.plots import write_plots
-from dtrain.monitor.jobreport.summary import summarize
-from dtrain.monitor.jobs import JobInfo
+from dtrain.monitor.views.job_report.plots import write_plots
+from dtrain.monitor.views.job_report.summary import summarize
+from dtrain.monitor.views.jobs import JobInfo
 
 
 def write_report(job: JobInfo, out: Path) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Per-rank training metrics and heartbeat: the two-line API.
 
-    from dtrain.monitor.report import report_step
+    from dtrain.monitor.rank.client import report_step
     report_step(step=s, epoch=e, loss=l, lr=lr, step_time_s=t, data_wait_s=w, samples=n)
 
 The trainer calls it on every rank after every step; any user script may do the same.

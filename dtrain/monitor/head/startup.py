@@ -17,7 +17,7 @@ def agent_argv(job_id: str, node: str, bind: str, port: int = DEFAULT_PORT, pyth
     # (~0.4 CPU-s of imports) coincides with torchrun starting the ranks; at full
     # priority it delayed the first step by 1-2 s where nodes share few cores.
     return [
-        "nice", "-n", "10", python, "-m", "dtrain.monitor.agent",
+        "nice", "-n", "10", python, "-m", "dtrain.monitor.node.agent",
         "--job", job_id, "--node", node, "--bind", bind, "--port", str(port),
         "--interval", str(interval_s), "--exit-on-stdin-close",
     ]  # fmt: skip

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import psutil
 
-from dtrain.monitor.gpu import NvmlGpus
+from dtrain.monitor.node.gpu import NvmlGpus
 
 JOB_ENV = "DTRAIN_JOB_ID"
 

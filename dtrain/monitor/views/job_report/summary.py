@@ -7,9 +7,9 @@ import statistics
 from typing import Any
 
 from dtrain.cluster.providers.cost import job_cost
-from dtrain.monitor import findings as rules
-from dtrain.monitor.jobs import JobInfo
-from dtrain.monitor.store import Store
+from dtrain.monitor.head import findings as rules
+from dtrain.monitor.views.jobs import JobInfo
+from dtrain.monitor.head.metrics_db import MetricsDB
 
 NODE_MEANS = ("cpu", "mem_used", "net_rx_bps", "net_tx_bps", "disk_read_bps", "disk_write_bps", "disk_read_iops",
               "disk_write_iops", "job_cpu", "job_rss")  # fmt: skip
@@ -31,7 +31,7 @@ def _interval(ts: list[float]) -> float:
     return statistics.median(gaps) if gaps else 1.0
 
 
-def summarize(store: Store, job: JobInfo) -> dict[str, Any]:
+def summarize(store: MetricsDB, job: JobInfo) -> dict[str, Any]:
     nodes_s = store.node_series()
     gpus_s = store.gpu_series()
     ranks_s = store.rank_series()

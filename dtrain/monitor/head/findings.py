@@ -1,6 +1,6 @@
 """Findings: what is wrong, in words, computed from stored series by pure functions.
 
-Inputs are the column dicts `Store.*_series()` returns ({key: {column: [values]}}), so
+Inputs are the column dicts `MetricsDB.*_series()` returns ({key: {column: [values]}}), so
 the same rules run live in the collector and `top`, and afterwards in the report.
 """
 

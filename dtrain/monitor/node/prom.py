@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from dtrain.monitor.metrics import BASE_LABELS, BY_NAME
+from dtrain.monitor.node.metrics import BASE_LABELS, BY_NAME
 
 # (metric name, extra label values, value) triples for one snapshot
 Sample = tuple[str, tuple[str, ...], float | None]

@@ -21,8 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from dtrain.monitor import findings as rules
-from dtrain.monitor.store import Store
+from dtrain.monitor.head import findings as rules
+from dtrain.monitor.head.metrics_db import MetricsDB
 from dtrain.paths import open_private
 
 LOG_NAME = "monitor.log"
@@ -58,7 +58,7 @@ class Collector:
         self.findings_every_s = findings_every_s
         self.on_finding = on_finding
         self.nodes = {name: _NodeState(url) for name, url in endpoints.items()}
-        self.store = Store.for_job(self.job_dir)
+        self.store = MetricsDB.for_job(self.job_dir)
         self.store.set_meta(job=self.job_id, endpoints=endpoints, started=clock())
         for name, st in self.nodes.items():
             self.store.upsert_node(name, st.url, clock(), "pending")

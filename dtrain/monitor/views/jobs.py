@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from dtrain.errors import DtrainError
-from dtrain.monitor.findings import JobEnd
-from dtrain.monitor.store import FILENAME, Store
+from dtrain.monitor.head.findings import JobEnd
+from dtrain.monitor.head.metrics_db import FILENAME, MetricsDB
 
 TERMINAL = ("succeeded", "failed", "stopped")
 
@@ -33,10 +33,10 @@ class JobInfo:
     def metrics(self) -> Path:
         return self.dir / FILENAME
 
-    def open(self) -> Store:
-        return Store(self.metrics, readonly=True)
+    def open(self) -> MetricsDB:
+        return MetricsDB(self.metrics, readonly=True)
 
-    def end(self, store: Store) -> JobEnd | None:
+    def end(self, store: MetricsDB) -> JobEnd | None:
         """How the job ended, None while it runs. The time is the collector's stop (the
         clock its node states use); the state is the registry's (unknown for a copied job
         directory), which may lag the store a moment: a job whose collector stopped has

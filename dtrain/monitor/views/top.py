@@ -18,9 +18,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from dtrain.monitor import findings as rules
-from dtrain.monitor.jobs import JobInfo, refresh
-from dtrain.monitor.store import Store
+from dtrain.monitor.head import findings as rules
+from dtrain.monitor.views.jobs import JobInfo, refresh
+from dtrain.monitor.head.metrics_db import MetricsDB
 
 HISTORY_S = 120.0  # what the sparklines cover
 SPARK_LEN = 6
@@ -59,7 +59,7 @@ def _last(values: list) -> Any:
     return next((v for v in reversed(values) if v is not None), None)
 
 
-def node_rows(store: Store, end: rules.JobEnd | None, window_s: float = rules.WINDOW_S) -> list[dict[str, Any]]:
+def node_rows(store: MetricsDB, end: rules.JobEnd | None, window_s: float = rules.WINDOW_S) -> list[dict[str, Any]]:
     """Per node: state (as of the job's `end`), latest values, CPU history, GPUs, and the
     fastest/slowest rank of the node by median step time over the last `window_s` of
     stored samples."""
@@ -92,7 +92,7 @@ def node_rows(store: Store, end: rules.JobEnd | None, window_s: float = rules.WI
     return rows
 
 
-def _header(store: Store, job: JobInfo, rows: list[dict[str, Any]], ended: bool) -> Text:
+def _header(store: MetricsDB, job: JobInfo, rows: list[dict[str, Any]], ended: bool) -> Text:
     span = store.time_range()
     shown = "finished" if ended else "reporting"
     counted = sum(r["state"] == shown for r in rows)
@@ -109,7 +109,7 @@ def _header(store: Store, job: JobInfo, rows: list[dict[str, Any]], ended: bool)
     return text
 
 
-def render(store: Store, job: JobInfo) -> Group:
+def render(store: MetricsDB, job: JobInfo) -> Group:
     end = job.end(store)
     rows = node_rows(store, end)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True)
@@ -146,7 +146,7 @@ def render(store: Store, job: JobInfo) -> Group:
     return Group(*lines)
 
 
-def render_text(store: Store, job: JobInfo, width: int = 80) -> str:
+def render_text(store: MetricsDB, job: JobInfo, width: int = 80) -> str:
     console = Console(width=width, record=True, file=open("/dev/null", "w"), color_system=None)
     console.print(render(store, job))
     return console.export_text()

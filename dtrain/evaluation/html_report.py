@@ -194,8 +194,8 @@ def write_report(
     out_dir: Path, report: dict[str, Any], eval_dir: Path, metrics_jsonl: Path | None = None, title: str = "dtrain report"
 ) -> tuple[Path, Path]:
     """Write `out_dir/report.json` and `out_dir/report.html` (+ training_curves.png)."""
-    from dtrain.inspect import plots
-    from dtrain.inspect.evaluate import json_safe
+    from dtrain.evaluation import plots
+    from dtrain.evaluation.evaluate import json_safe
 
     out_dir.mkdir(parents=True, exist_ok=True)
     curves = None

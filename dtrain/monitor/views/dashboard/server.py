@@ -23,8 +23,8 @@ from typing import Any
 from dtrain.cluster.providers.cost import job_cost
 from dtrain.errors import DtrainError
 from dtrain.extras import require
-from dtrain.monitor import findings as rules
-from dtrain.monitor.jobs import JobInfo, list_jobs
+from dtrain.monitor.head import findings as rules
+from dtrain.monitor.views.jobs import JobInfo, list_jobs
 
 STATIC = Path(__file__).parent / "static"
 TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",

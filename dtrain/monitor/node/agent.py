@@ -1,7 +1,7 @@
 """The node agent: samples the node once per interval, receives per-rank metrics, serves
 them to Prometheus (`/metrics`) and to the head collector (`/snapshot`, JSON).
 
-    python -m dtrain.monitor.agent --job JOB --node NODE --bind ADDR --port P [--interval 1]
+    python -m dtrain.monitor.node.agent --job JOB --node NODE --bind ADDR --port P [--interval 1]
 
 Bound to the node's cluster address (127.0.0.1 unless told otherwise, never 0.0.0.0 by
 default). Ranks send report_step datagrams to UDP 127.0.0.1:P (loopback only: no other
@@ -21,8 +21,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from dtrain.monitor.ranks import RankTable
-from dtrain.monitor.sampler import NodeSampler
+from dtrain.monitor.node.ranks import RankTable
+from dtrain.monitor.node.sampler import NodeSampler
 
 SNAPSHOT_VERSION = 1
 
@@ -127,7 +127,7 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/metrics":
             from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-            from dtrain.monitor.prom import registry_for
+            from dtrain.monitor.node.prom import registry_for
 
             self._send(200, generate_latest(registry_for(agent.snapshot)), CONTENT_TYPE_LATEST)
         elif path == "/snapshot":
@@ -149,7 +149,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dtrain.monitor.agent", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m dtrain.monitor.node.agent", description=__doc__.splitlines()[0])
     p.add_argument("--job", required=True)
     p.add_argument("--node", required=True)
     p.add_argument("--bind", default="127.0.0.1", help="address to serve on (the node's cluster address)")

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dtrain.errors import DtrainError
-from dtrain.inspect import metrics as M
+from dtrain.evaluation import metrics as M
 
 if TYPE_CHECKING:  # torch is imported only once there is something to predict
-    from dtrain.inspect.predict import Predictions
+    from dtrain.evaluation.predict import Predictions
 
 # How many misclassified test images the evaluation names (the report shows them).
 MAX_LISTED_ERRORS = 24
@@ -186,7 +186,7 @@ def evaluate(
     import torch
 
     from dtrain.data.datasets import open_split
-    from dtrain.inspect.predict import predict_split
+    from dtrain.evaluation.predict import predict_split
     from dtrain.train.checkpoint import load_for_inference
 
     model, meta = load_for_inference(str(checkpoint), map_location="cpu")
@@ -249,7 +249,7 @@ def _check_root(root: str) -> None:
 
 def write_outputs(out_dir: Path, result: dict[str, Any], test: Predictions) -> None:
     """evaluation.json, the PNG plots, and the raw test scores (scores.npz) in `out_dir`."""
-    from dtrain.inspect import plots
+    from dtrain.evaluation import plots
 
     out_dir.mkdir(parents=True, exist_ok=True)
     negative = result["negative_class"]

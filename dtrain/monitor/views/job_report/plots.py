@@ -5,14 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dtrain.monitor.store import Store
+from dtrain.monitor.head.metrics_db import MetricsDB
 
 
 def _minutes(ts: list[float], t0: float) -> list[float]:
     return [(t - t0) / 60.0 for t in ts]
 
 
-def write_plots(store: Store, out: Path) -> dict[str, str]:
+def write_plots(store: MetricsDB, out: Path) -> dict[str, str]:
     """Write the plots that have data; returns {title: file name}."""
     import matplotlib
 

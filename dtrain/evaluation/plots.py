@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from dtrain.inspect import metrics as M
+from dtrain.evaluation import metrics as M
 
 
 def _pyplot():

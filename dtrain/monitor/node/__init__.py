@@ -1,0 +1,1 @@
+"""The node agent: samples its node, keeps its ranks' metrics, serves both."""

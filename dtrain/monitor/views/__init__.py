@@ -1,0 +1,1 @@
+"""What people read: `dtrain top`, the dashboard, the post-job report."""
