@@ -48,9 +48,12 @@ def test_rare_classes_get_loss_weights_and_a_note():
 
 
 def test_epochs_from_a_budget_of_images_seen():
-    assert D.epochs(_stats(counts={"ok": 1200, "a": 600})).value == 17  # ceil(30000 / 1800)
-    assert D.epochs(_stats(counts={"ok": 500_000, "a": 100_000})).value == D.MIN_EPOCHS
-    assert D.epochs(_stats(counts={"ok": 100, "a": 50})).value == D.MAX_EPOCHS
+    assert D.epochs(1800).value == 17  # ceil(30000 / 1800)
+    assert D.epochs(600_000).value == D.MIN_EPOCHS
+    assert D.epochs(150).value == D.MAX_EPOCHS
+    # A wall-clock cut below the budget wins over MIN_EPOCHS (floor, at least 1).
+    assert D.epochs(1800, 9000).value == 5 and D.epochs(600_000, 9000).value == 1
+    assert "wall-clock" in D.epochs(1800, 9000).reason
 
 
 def test_validation_and_negative_class_decisions():

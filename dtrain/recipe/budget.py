@@ -1,0 +1,108 @@
+"""A wall-clock budget -> input side and images seen, from a timed probe of this machine.
+
+The recipe's other decisions say what the data wants (half the native side, ~30 000
+images seen); this one says what the machine affords in `--budget-minutes`. A short
+probe times a few training steps of the chosen architecture at the chosen side, in
+this process with all of its cores (what the DDP ranks share between them), with the
+run's precision. A convolutional network's cost per image grows with its pixels, so
+the cost at another side is the probe's times (side / probe side)^2.
+
+Rule: the training share of the budget is split evenly over the runs (k fold models +
+the final one, or the one run); the input side is the largest multiple of 32, at most
+the data's choice and at least half of it (a quarter of the native side: below that a
+defect a few pixels wide at native resolution is gone), at which each run still sees
+BUDGET_IMAGES images. When not even that floor affords them, the floor side is kept
+and the images seen are cut to what fits, with a warning: a weaker model in time
+rather than a good one too late.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dtrain.recipe.decide import BUDGET_IMAGES, MIN_SIDE, SIDE_STEP, Decision
+
+# Of the budget, what training gets: the rest pays each run's start-up (processes,
+# imports, decoding the cache), predicting held-out folds and the test split, the report.
+TRAIN_SHARE = 0.75
+# Per launched run, on top: process start, imports, DDP rendezvous, the decode-once cache.
+RUN_OVERHEAD_S = 30.0
+PROBE_WARMUP, PROBE_STEPS = 2, 4  # the first steps pay oneDNN's kernel selection: not timed
+
+
+@dataclass(frozen=True)
+class Fit:
+    side: Decision  # data.image_size
+    images_seen: int  # per run
+    reason: str  # the budget's arithmetic, printed with the epochs decision
+    warning: str | None  # when the budget forced fewer images than BUDGET_IMAGES
+
+
+def fit_budget(wanted: Decision, runs: int, budget_s: float, seconds_per_image: Callable[[int], float]) -> Fit:
+    """`wanted`: the data's input side decision; `seconds_per_image(side)`: training cost per image seen."""
+    per_run = max(budget_s * TRAIN_SHARE / runs - RUN_OVERHEAD_S, 0.0)
+    floor = max(MIN_SIDE, math.ceil(wanted.value / 2 / SIDE_STEP) * SIDE_STEP)
+    floor = min(floor, wanted.value)
+    sides = [wanted.value] + list(range((wanted.value - 1) // SIDE_STEP * SIDE_STEP, floor - 1, -SIDE_STEP))
+    afford = {s: int(per_run / seconds_per_image(s)) for s in sides}
+    plan = f"{budget_s / 60:.0f} min budget, {TRAIN_SHARE:.0%} for training over {runs} run(s): {per_run:.0f} s each"
+    for s in sides:
+        if afford[s] >= BUDGET_IMAGES:
+            cost = f"{seconds_per_image(s) * 1000:.1f} ms per image at {s} px"
+            why = wanted.reason if s == wanted.value else (
+                f"{wanted.value} px ({wanted.reason}) would see only {afford[wanted.value]} images per run in the budget; "
+                f"{s} px is the largest side that affords {BUDGET_IMAGES}")
+            return Fit(Decision("data.image_size", s, why), BUDGET_IMAGES, f"{plan}; {cost}", None)
+    images = max(afford[floor], 1)
+    warning = (f"the {budget_s / 60:.0f} min budget affords only {images} images seen per run at {floor} px (the "
+               f"smallest side that keeps small defects visible), under the {BUDGET_IMAGES} a from-scratch model wants: "
+               "expect a weaker model; give it more time (--budget-minutes) or more cores or a GPU")
+    why = (f"{wanted.value} px ({wanted.reason}) does not fit the budget; {floor} px is the floor (half the data's "
+           "choice: below it a defect a few pixels wide at native resolution vanishes)")
+    if floor == wanted.value:
+        why = wanted.reason
+    return Fit(Decision("data.image_size", floor, why), images,
+               f"{plan}; {seconds_per_image(floor) * 1000:.1f} ms per image at {floor} px", warning)
+
+
+def probe(arch: str, side: int, n_classes: int, precision: str = "auto", batch: int = 32) -> float:
+    """Seconds per training image (forward, backward, AdamW step) at `side` px on this machine's CPU cores or GPU."""
+    import torch
+    import torch.nn.functional as F
+
+    from dtrain.models import ModelConfig, build_model
+    from dtrain.train import precision as P
+    from dtrain.train.dist import cpu_count
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cpu_count())
+    try:
+        model = build_model(ModelConfig(arch=arch), n_classes).to(dev).to(memory_format=torch.channels_last)
+        opt = torch.optim.AdamW(model.parameters())
+        x = torch.randn(batch, 3, side, side, device=dev).contiguous(memory_format=torch.channels_last)
+        y = torch.randint(0, n_classes, (batch,), device=dev)
+        policy = P.resolve(precision, dev)
+        for i in range(PROBE_WARMUP + PROBE_STEPS):
+            if i == PROBE_WARMUP:
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+            with policy.autocast(dev):
+                loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / (PROBE_STEPS * batch)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def scaled(measured: float, at: int) -> Callable[[int], float]:
+    """Cost per image at any side from one measurement at side `at` (pixels: side squared)."""
+    return lambda side: measured * (side / at) ** 2
