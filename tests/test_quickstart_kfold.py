@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 def test_quickstart_kfold_threshold_from_out_of_fold_scores(tmp_path, dtrain_cmd, dtrain_home):
     data, work = tmp_path / "plant", tmp_path / "qs"
-    synth = subprocess.run([*dtrain_cmd, "data", "synth", str(data), "--profile", "plant", "--images", "260", "--size", "64",
+    synth = subprocess.run([*dtrain_cmd, "data", "synth", str(data), "--profile", "plant", "--images", "130", "--size", "64",
                             "--workers", "1"], capture_output=True, text=True, timeout=300)
     assert synth.returncode == 0, synth.stderr[-2000:]
     manifest = json.loads((data / "manifest.json").read_text())

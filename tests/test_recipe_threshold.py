@@ -94,12 +94,12 @@ def test_budget_keeps_the_data_side_when_it_fits():
 
 
 def test_budget_shrinks_the_side_to_fit_every_run():
-    # 10 ms per image at 256 px, scaling with pixels; 6 runs in 30 min: 1350 s / 6 - 30 s = 195 s each.
+    # 10 ms per image at 256 px, scaling with pixels; 6 runs in 30 min: 1350 s / 6 - 60 s = 165 s each.
     cost = B.scaled(0.010, 256)
     fit = B.fit_budget(_wanted(256), runs=6, budget_s=1800, seconds_per_image=cost)
     per_run = 1800 * B.TRAIN_SHARE / 6 - B.RUN_OVERHEAD_S
     assert fit.warning is None and per_run / cost(fit.side.value) >= BUDGET_IMAGES
-    assert per_run / cost(fit.side.value + 32) < BUDGET_IMAGES and fit.side.value == 192
+    assert per_run / cost(fit.side.value + 32) < BUDGET_IMAGES and fit.side.value == 160
     assert "largest side that affords" in fit.side.reason and "6 run(s)" in fit.reason
 
 
@@ -112,3 +112,30 @@ def test_budget_floor_cuts_images_and_warns():
 
 def test_probe_times_a_real_training_step():
     assert 0 < B.probe("small_resnet", 32, 3, precision="fp32", batch=4) < 5
+
+
+def test_stats_read_headers_through_the_hardened_decoder(tmp_path):
+    from PIL import Image
+
+    from dtrain.data.config import DataConfig
+    from dtrain.recipe.decide import notes
+    from dtrain.recipe.stats import gather
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for cls in ("ok", "pit"):
+            (tmp_path / split / cls).mkdir(parents=True)
+    grey = rng.integers(0, 255, (40, 60), dtype=np.uint8)
+    Image.fromarray(grey).save(tmp_path / "train" / "ok" / "grey.png")  # grey mode: header only
+    Image.fromarray(np.stack([grey] * 3, axis=2)).save(tmp_path / "train" / "ok" / "grey_rgb.png")  # decoded to tell
+    Image.fromarray(rng.integers(0, 255, (50, 70, 3), dtype=np.uint8)).save(tmp_path / "train" / "pit" / "colour.png")
+    frames = [Image.fromarray(grey), Image.fromarray(255 - grey)]
+    frames[0].save(tmp_path / "train" / "pit" / "anim.gif", save_all=True, append_images=frames[1:])
+    (tmp_path / "train" / "pit" / "broken.png").write_bytes(b"not a png")
+    stats = gather(DataConfig(root=str(tmp_path)))
+    assert sorted(stats.short_sides) == [40, 40, 50] and stats.grey_share == pytest.approx(2 / 3)
+    assert set(map(os.path.basename, stats.refused)) == {"anim.gif", "broken.png"}
+    assert "frames" in stats.refused[str(tmp_path / "train" / "pit" / "anim.gif")]
+    assert any("2 of the sampled training images are refused" in n for n in notes(stats))
+    # Only COLOUR_SAMPLE colour-mode images are decoded: with 1, the first (grey_rgb) stands for both.
+    assert gather(DataConfig(root=str(tmp_path)), colour_sample=1).grey_share == 1.0

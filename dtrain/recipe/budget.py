@@ -28,8 +28,9 @@ from dtrain.recipe.decide import BUDGET_IMAGES, MIN_SIDE, SIDE_STEP, Decision
 # Of the budget, what training gets: the rest pays each run's start-up (processes,
 # imports, decoding the cache), predicting held-out folds and the test split, the report.
 TRAIN_SHARE = 0.75
-# Per launched run, on top: process start, imports, DDP rendezvous, the decode-once cache.
-RUN_OVERHEAD_S = 30.0
+# Per launched run, on top: process start, imports and DDP rendezvous (~25 s on the loaded
+# 2-core machine), and each rank's decode-once cache (~2 400 PNGs of 256-512 px: ~30 s).
+RUN_OVERHEAD_S = 60.0
 PROBE_WARMUP, PROBE_STEPS = 2, 4  # the first steps pay oneDNN's kernel selection: not timed
 
 

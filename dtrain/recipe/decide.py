@@ -170,6 +170,10 @@ def notes(stats: DataStats) -> list[str]:
     missing = [k for k in stats.classes if stats.val_counts.get(k, 0) == 0 and stats.n_val]
     if missing:
         out.append(f"no validation images of {', '.join(missing)}")
+    if stats.refused:
+        path, why = next(iter(stats.refused.items()))
+        out.append(f"{len(stats.refused)} of the sampled training images are refused by the decoder and will be skipped "
+                   f"in training (e.g. {path}: {why})")
     return out
 
 
