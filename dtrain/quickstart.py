@@ -130,16 +130,20 @@ def recipe_config(
     folds = plan_folds(val_defective, labelled, stats.negative_class, opts.target_miss_rate)
     wanted = input_side(stats)
     if seconds_per_image is None:
-        measured = budget.probe(TRAIN["model"]["arch"], wanted.value, len(stats.classes), TRAIN["precision"])
+        from dtrain.train.launch import default_nproc
+
+        print(f"recipe: timing a few training steps at {wanted.value} px for the budget", file=stream)
+        measured = budget.probe(TRAIN["model"]["arch"], wanted.value, len(stats.classes), TRAIN["precision"],
+                                ranks=opts.nproc or default_nproc())
         seconds_per_image = budget.scaled(measured, wanted.value)
-    fit = budget.fit_budget(wanted, folds.k + 1 if folds.k else 1, opts.budget_minutes * 60, seconds_per_image)
-    n_final = stats.n_train + stats.n_val if folds.k else stats.n_train
-    decisions = plan(stats, fit.side, fit.images_seen, fit.reason, n_final, kfold=bool(folds.k))
+    k, fit, why_k = budget.fit_folds(wanted, folds.k, opts.budget_minutes * 60, seconds_per_image)
+    n_final = stats.n_train + stats.n_val if k else stats.n_train
+    decisions = plan(stats, fit.side, fit.images_seen, fit.reason, n_final, kfold=bool(k))
     epochs_for = lambda n: epochs(n, fit.images_seen).value  # noqa: E731
     if opts.epochs:  # the command line wins; said so, like every other decision
         decisions = [d for d in decisions if d.field != "epochs"] + [Decision("epochs", opts.epochs, "--epochs")]
         epochs_for = lambda n: opts.epochs  # noqa: E731
-    decisions.append(Decision("threshold k-fold", folds.k, folds.reason))  # a decision about runs: not in train.yaml
+    decisions.append(Decision("threshold k-fold", k, folds.reason + why_k))  # a decision about runs: not in train.yaml
     for d in decisions:
         print(f"recipe: {d.field} = {d.value}  ({d.reason})", file=stream)
     remarks = notes(stats) + ([fit.warning] if fit.warning else [])
@@ -149,7 +153,7 @@ def recipe_config(
     cfg["data"].update(root=str(data_dir), layout=layout)
     cfg.update(seed=opts.seed, output_dir=str(output_dir))
     listed = [{"field": d.field, "value": d.value, "reason": d.reason} for d in decisions]
-    return Recipe(cfg, listed, remarks, data, folds.k, epochs_for)
+    return Recipe(cfg, listed, remarks, data, k, epochs_for)
 
 
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,10 @@ def test_quickstart_kfold_threshold_from_out_of_fold_scores(tmp_path, dtrain_cmd
     counts = {c: manifest["counts"]["train"][c] + manifest["counts"]["val"][c] for c in manifest["counts"]["train"]}
     n_defective = sum(v for c, v in counts.items() if c != "ok")
 
-    argv = [*dtrain_cmd, "quickstart", "--data", str(data), "--workdir", str(work), "--epochs", "1", "--nproc", "1"]
+    # A budget no load can exhaust: the probe's timing must not turn k-fold off here (tests/test_recipe_threshold.py
+    # checks that rule); --epochs 1 keeps the runs short.
+    argv = [*dtrain_cmd, "quickstart", "--data", str(data), "--workdir", str(work), "--epochs", "1", "--nproc", "1",
+            "--budget-minutes", "6000"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((work / "report.json").read_text())

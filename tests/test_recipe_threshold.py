@@ -111,7 +111,8 @@ def test_budget_floor_cuts_images_and_warns():
 
 
 def test_probe_times_a_real_training_step():
-    assert 0 < B.probe("small_resnet", 32, 3, precision="fp32", batch=4) < 5
+    for ranks in (1, 2):
+        assert 0 < B.probe("small_resnet", 32, 3, precision="fp32", ranks=ranks, batch=4) < 5
 
 
 def test_stats_read_headers_through_the_hardened_decoder(tmp_path):
@@ -139,3 +140,15 @@ def test_stats_read_headers_through_the_hardened_decoder(tmp_path):
     assert any("2 of the sampled training images are refused" in n for n in notes(stats))
     # Only COLOUR_SAMPLE colour-mode images are decoded: with 1, the first (grey_rgb) stands for both.
     assert gather(DataConfig(root=str(tmp_path)), colour_sample=1).grey_share == 1.0
+
+
+def test_kfold_is_kept_only_while_every_run_sees_enough_images():
+    wanted = _wanted(256)
+    k, fit, why = B.fit_folds(wanted, 5, 1800, lambda s: 1e-4)
+    assert (k, why) == (5, "") and fit.images_seen == BUDGET_IMAGES
+    k, fit, why = B.fit_folds(wanted, 5, 1800, lambda s: 0.02)  # 6 runs: 8250 each; 4 runs: 13 875; 3 runs: 19 500
+    assert k == 2 and "lowered from 5 to 2" in why and fit.images_seen >= BUDGET_IMAGES * B.KFOLD_MIN_SHARE
+    k, fit, why = B.fit_folds(wanted, 5, 1800, lambda s: 0.2)
+    assert k == 0 and "threshold is chosen on the validation split" in why and "--budget-minutes" in why
+    assert fit.side.value == 128 and fit.images_seen == int((1800 * B.TRAIN_SHARE - B.RUN_OVERHEAD_S) / 0.2)  # one run
+    assert B.fit_folds(wanted, 0, 1800, lambda s: 0.2)[0] == 0

@@ -14,6 +14,12 @@ defect a few pixels wide at native resolution is gone), at which each run still 
 BUDGET_IMAGES images. When not even that floor affords them, the floor side is kept
 and the images seen are cut to what fits, with a warning: a weaker model in time
 rather than a good one too late.
+
+k-fold (recipe/folds.py) multiplies the runs by k + 1, all of one recipe; a threshold
+resting on more defects is worth little on a model that saw too few images, so k-fold
+is kept only while every run still sees KFOLD_MIN_SHARE of BUDGET_IMAGES: k is lowered
+(down to folds.MIN_FOLDS) until that holds, else the threshold is chosen on the
+validation split and the budget that k-fold would need is printed.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dtrain.recipe.decide import BUDGET_IMAGES, MIN_SIDE, SIDE_STEP, Decision
+from dtrain.recipe.folds import MIN_FOLDS
 
 # Of the budget, what training gets: the rest pays each run's start-up (processes,
 # imports, decoding the cache), predicting held-out folds and the test split, the report.
@@ -31,7 +38,9 @@ TRAIN_SHARE = 0.75
 # Per launched run, on top: process start, imports and DDP rendezvous (~25 s on the loaded
 # 2-core machine), and each rank's decode-once cache (~2 400 PNGs of 256-512 px: ~30 s).
 RUN_OVERHEAD_S = 60.0
-PROBE_WARMUP, PROBE_STEPS = 2, 4  # the first steps pay oneDNN's kernel selection: not timed
+PROBE_WARMUP, PROBE_STEPS = 3, 4  # the first steps pay oneDNN's kernel selection: not timed
+# k-fold only while every one of the k + 1 runs sees at least this share of BUDGET_IMAGES.
+KFOLD_MIN_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -69,8 +78,30 @@ def fit_budget(wanted: Decision, runs: int, budget_s: float, seconds_per_image: 
                f"{plan}; {seconds_per_image(floor) * 1000:.1f} ms per image at {floor} px", warning)
 
 
-def probe(arch: str, side: int, n_classes: int, precision: str = "auto", batch: int = 32) -> float:
-    """Seconds per training image (forward, backward, AdamW step) at `side` px on this machine's CPU cores or GPU."""
+def fit_folds(wanted: Decision, k: int, budget_s: float, seconds_per_image: Callable[[int], float]) -> tuple[int, Fit, str]:
+    """(k actually run, the budget's fit for k + 1 runs, what the budget did to k, in words)."""
+    if k == 0:
+        return 0, fit_budget(wanted, 1, budget_s, seconds_per_image), ""
+    enough = int(BUDGET_IMAGES * KFOLD_MIN_SHARE)
+    for j in range(k, MIN_FOLDS - 1, -1):
+        fit = fit_budget(wanted, j + 1, budget_s, seconds_per_image)
+        if fit.images_seen >= enough:
+            return j, fit, "" if j == k else f"; lowered from {k} to {j} folds so that each of the {j + 1} runs sees {enough}+ images in the budget"
+    floor = max(MIN_SIDE, min(wanted.value, math.ceil(wanted.value / 2 / SIDE_STEP) * SIDE_STEP))
+    need_s = (enough * seconds_per_image(floor) + RUN_OVERHEAD_S) * (MIN_FOLDS + 1) / TRAIN_SHARE
+    return 0, fit_budget(wanted, 1, budget_s, seconds_per_image), (
+        f"; but the budget cannot give {MIN_FOLDS + 1} runs {enough} images each even at {floor} px, and a threshold "
+        f"on a model that saw too few images is worth little: no k-fold, the threshold is chosen on the validation "
+        f"split (--budget-minutes {math.ceil(need_s / 60)} would afford {MIN_FOLDS} folds on this machine)")
+
+
+def probe(arch: str, side: int, n_classes: int, precision: str = "auto", ranks: int = 1, batch: int = 16) -> float:
+    """Seconds per training image (forward, backward, AdamW step) at `side` px for `ranks` DDP
+    ranks side by side on this machine's CPU cores (or its GPU), each with its share of the cores.
+
+    One rank's share is timed and the ranks are taken to run in parallel: one process with
+    all the cores would time OpenMP's thread barriers, which under a loaded machine cost far
+    more than the ranks' gradient all-reduce (2-3x slower than the real run, measured)."""
     import torch
     import torch.nn.functional as F
 
@@ -80,7 +111,7 @@ def probe(arch: str, side: int, n_classes: int, precision: str = "auto", batch: 
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     threads = torch.get_num_threads()
-    torch.set_num_threads(cpu_count())
+    torch.set_num_threads(max(1, cpu_count() // ranks))
     try:
         model = build_model(ModelConfig(arch=arch), n_classes).to(dev).to(memory_format=torch.channels_last)
         opt = torch.optim.AdamW(model.parameters())
@@ -99,7 +130,7 @@ def probe(arch: str, side: int, n_classes: int, precision: str = "auto", batch: 
             opt.zero_grad(set_to_none=True)
         if dev.type == "cuda":
             torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / (PROBE_STEPS * batch)
+        return (time.perf_counter() - t0) / (PROBE_STEPS * batch) / (1 if dev.type == "cuda" else ranks)
     finally:
         torch.set_num_threads(threads)
 
