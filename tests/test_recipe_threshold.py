@@ -8,7 +8,6 @@ import os
 import numpy as np
 import pytest
 
-from dtrain.inspect import metrics as M
 from dtrain.inspect.evaluate import load_scores, save_scores, summarise
 from dtrain.inspect.predict import Predictions
 from dtrain.recipe import budget as B
@@ -152,3 +151,15 @@ def test_kfold_is_kept_only_while_every_run_sees_enough_images():
     assert k == 0 and "threshold is chosen on the validation split" in why and "--budget-minutes" in why
     assert fit.side.value == 128 and fit.images_seen == int((1800 * B.TRAIN_SHARE - B.RUN_OVERHEAD_S) / 0.2)  # one run
     assert B.fit_folds(wanted, 0, 1800, lambda s: 0.2)[0] == 0
+
+
+def test_the_html_report_shows_the_threshold_basis(tmp_path):
+    from dtrain.inspect.report import render_html
+
+    oof = _pred([0.9] * 40 + [0.1] * 200, [True] * 40 + [False] * 200)
+    res = summarise(["ok", "scratch"], 0, oof, _pred([0.9, 0.1], [True, False]), 0.005, "bound95",
+                    "out-of-fold scores of 5 fold models over train + val")
+    page = render_html(res, tmp_path)
+    assert "chosen on the out-of-fold scores of 5 fold models over train + val" in page
+    assert "best miss-rate bound these defects can show" in page and "7.22 %" in page  # 1 - 0.05^(1/40)
+    assert "not proven" in page and "about 558 more" in page
