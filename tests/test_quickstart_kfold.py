@@ -54,3 +54,7 @@ def test_quickstart_kfold_threshold_from_out_of_fold_scores(tmp_path, dtrain_cmd
                             "--out", str(tmp_path / "eval")], capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads(again.stdout)["threshold"] == pytest.approx(report["threshold"])
+    # Without them there is no split to choose it on (the final model has seen val): said so, with the fix.
+    plain = subprocess.run([*dtrain_cmd, "eval", str(work / "train" / "checkpoints" / "last.pt"), str(data)],
+                           capture_output=True, text=True, timeout=300)
+    assert plain.returncode != 0 and "--threshold-scores" in plain.stderr + plain.stdout

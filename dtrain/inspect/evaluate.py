@@ -207,6 +207,11 @@ def evaluate(
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     classes = list(meta["classes"])
     negative_index = None if meta["negative_class"] is None else classes.index(meta["negative_class"])
+    if threshold_scores is None and not cfg.val_split:
+        raise DtrainError(
+            f"{checkpoint} was trained without a validation split (k-fold: on all of train + val), so there is none to "
+            "choose the threshold on", "pass the out-of-fold scores: --threshold-scores WORKDIR/eval/oof_scores.npz",
+        )
     preds: dict[str, Predictions] = {}
     for split in (cfg.test_split,) if threshold_scores is not None else (cfg.val_split, cfg.test_split):
         ds = open_split(cfg, split, train=False)
