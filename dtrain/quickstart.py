@@ -84,6 +84,7 @@ class QuickstartOptions:
     data: Path | None = None  # the user's own images: the recipe decides (see recipe_config)
     # With --data: the whole run's wall-clock budget (issue 11: 30 min on the 2-core machine).
     budget_minutes: float = 30.0
+    folds: int | None = None  # with --data: k of k-fold for the threshold (0: none); None: the recipe decides
 
 
 def train_config(opts: QuickstartOptions, data_dir: Path, output_dir: Path) -> dict[str, Any]:
@@ -136,7 +137,11 @@ def recipe_config(
         measured = budget.probe(TRAIN["model"]["arch"], wanted.value, len(stats.classes), TRAIN["precision"],
                                 ranks=opts.nproc or default_nproc())
         seconds_per_image = budget.scaled(measured, wanted.value)
-    k, fit, why_k = budget.fit_folds(wanted, folds.k, opts.budget_minutes * 60, seconds_per_image)
+    if opts.folds is None:
+        k, fit, why_k = budget.fit_folds(wanted, folds.k, opts.budget_minutes * 60, seconds_per_image)
+    else:  # the command line wins, said so
+        k, why_k = opts.folds, f"; --folds {opts.folds} overrides the recipe's {folds.k}"
+        fit = budget.fit_budget(wanted, k + 1 if k else 1, opts.budget_minutes * 60, seconds_per_image)
     n_final = stats.n_train + stats.n_val if k else stats.n_train
     decisions = plan(stats, fit.side, fit.images_seen, fit.reason, n_final, kfold=bool(k))
     epochs_for = lambda n: epochs(n, fit.images_seen).value  # noqa: E731

@@ -122,10 +122,14 @@ def test_sqrt_inverse_loss_weights():
 @pytest.mark.slow
 def test_quickstart_data_decides_trains_and_reports(synth_data, tmp_path, dtrain_cmd, dtrain_home):
     work = tmp_path / "qs"
-    argv = [*dtrain_cmd, "quickstart", "--data", str(synth_data), "--workdir", str(work), "--epochs", "2", "--nproc", "1"]
+    argv = [*dtrain_cmd, "quickstart", "--data", str(synth_data), "--workdir", str(work), "--epochs", "2", "--nproc", "1",
+            # A budget no load can cut; no k-fold: the threshold from validation, best.pt by validation loss
+            # (k-fold: tests/test_quickstart_kfold.py).
+            "--folds", "0", "--budget-minutes", "6000"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "recipe: data.image_size = 32" in proc.stdout and "recipe: epochs = 2  (--epochs)" in proc.stdout
+    assert "recipe: threshold k-fold = 0" in proc.stdout and "--folds 0 overrides" in proc.stdout
     cfg = yaml.safe_load((work / "train.yaml").read_text())
     assert cfg["data"]["root"] == str(synth_data) and cfg["keep_best"] is True and cfg["val_every_epoch"] is True
     best = torch.load(work / "train" / "checkpoints" / "best.pt", map_location="cpu", weights_only=False)

@@ -109,16 +109,22 @@ def quickstart_command(
         30.0, "--budget-minutes", min=1.0, help="With --data: the whole run's wall-clock budget; a timed probe of "
         "this machine sets the input size and the images seen to fit it.",
     ),
+    folds: int | None = typer.Option(
+        None, "--folds", min=0, help="With --data: k-fold training for the threshold, 0 = none, at least 2 "
+        "(default: the recipe decides from the defective validation images and the budget).",
+    ),
 ) -> None:
     """The whole recipe on this machine: synthesise data (or use --data), train with DDP, evaluate, write report.json + report.html."""
     from dtrain.errors import DtrainError
     from dtrain.quickstart import QuickstartOptions, run_quickstart
 
+    if folds == 1:
+        raise DtrainError("--folds 1 holds nothing out", "use --folds 0 (the threshold from validation) or 2 and more")
     if data is not None and (images is not None or image_size is not None):
         raise DtrainError("--images and --image-size are for the synthetic run", "with --data the recipe decides the "
                           "input size (written to WORKDIR/train.yaml: edit it and run `dtrain train` to override)")
     options = QuickstartOptions(workdir=workdir, images=images, epochs=epochs, nproc=nproc, data=data,
-                                budget_minutes=budget_minutes)
+                                budget_minutes=budget_minutes, folds=folds)
     if image_size is not None:
         options.image_size = image_size
     result = run_quickstart(options, stream=sys.stdout)
