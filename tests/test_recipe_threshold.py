@@ -141,17 +141,19 @@ def test_stats_read_headers_through_the_hardened_decoder(tmp_path):
     assert gather(DataConfig(root=str(tmp_path)), colour_sample=1).grey_share == 1.0
 
 
-def test_kfold_is_kept_only_while_every_run_sees_enough_images():
+def test_kfold_is_kept_only_while_every_run_sees_enough_images_at_one_runs_side():
     wanted = _wanted(256)
-    k, fit, why = B.fit_folds(wanted, 5, 1800, lambda s: 1e-4)
-    assert (k, why) == (5, "") and fit.images_seen == BUDGET_IMAGES
-    k, fit, why = B.fit_folds(wanted, 5, 1800, lambda s: 0.02)  # 6 runs: 8250 each; 4 runs: 13 875; 3 runs: 19 500
-    assert k == 2 and "lowered from 5 to 2" in why and fit.images_seen >= BUDGET_IMAGES * B.KFOLD_MIN_SHARE
-    k, fit, why = B.fit_folds(wanted, 5, 1800, lambda s: 0.2)
-    assert k == 0 and "threshold is chosen on the validation split" in why and "--budget-minutes" in why
-    assert fit.side.value == 128 and fit.images_seen == int((1800 * B.TRAIN_SHARE - B.RUN_OVERHEAD_S) / 0.2)  # one run
-    assert B.fit_folds(wanted, 0, 1800, lambda s: 0.2)[0] == 0
-
+    k, fit, why = B.fit_folds(wanted, 5, 1800, B.scaled(1e-4, 256))
+    assert (k, why, fit.side.value, fit.images_seen) == (5, "", 256, BUDGET_IMAGES)
+    # 20 ms per image at 256 px: one run affords 1290 s / 0.02 = 64 500 images at 256 px; 6 runs 8 250 each,
+    # 5 runs 10 500, 4 runs 13 875, 3 runs 19 500: 2 folds, still at 256 px.
+    k, fit, why = B.fit_folds(wanted, 5, 1800, B.scaled(0.02, 256))
+    assert (k, fit.side.value, fit.images_seen) == (2, 256, 19_500) and "lowered from 5 to 2" in why
+    # 200 ms at 256 px: one run needs the floor, 128 px (25 800 images); 3 runs there: 7 800 each.
+    k, fit, why = B.fit_folds(wanted, 5, 1800, B.scaled(0.2, 256))
+    assert (k, fit.side.value, fit.images_seen) == (0, 128, 25_800)
+    assert "threshold is chosen on the validation split" in why and "--budget-minutes 54 " in why  # (15000*0.05+60)*3/0.75 s
+    assert B.fit_folds(wanted, 0, 1800, B.scaled(0.2, 256))[0] == 0
 
 def test_the_html_report_shows_the_threshold_basis(tmp_path):
     from dtrain.inspect.report import render_html

@@ -16,10 +16,11 @@ and the images seen are cut to what fits, with a warning: a weaker model in time
 rather than a good one too late.
 
 k-fold (recipe/folds.py) multiplies the runs by k + 1, all of one recipe; a threshold
-resting on more defects is worth little on a model that saw too few images, so k-fold
-is kept only while every run still sees KFOLD_MIN_SHARE of BUDGET_IMAGES: k is lowered
-(down to folds.MIN_FOLDS) until that holds, else the threshold is chosen on the
-validation split and the budget that k-fold would need is printed.
+resting on more defects is worth little on a model that saw too few images or saw the
+defects too small, so k-fold is kept only while every run still sees KFOLD_MIN_SHARE of
+BUDGET_IMAGES at the side one run would get: k is lowered (down to folds.MIN_FOLDS)
+until that holds, else the threshold is chosen on the validation split and the budget
+that k-fold would need is printed.
 """
 
 from __future__ import annotations
@@ -51,21 +52,28 @@ class Fit:
     warning: str | None  # when the budget forced fewer images than BUDGET_IMAGES
 
 
+def _per_run(budget_s: float, runs: int) -> float:
+    return max(budget_s * TRAIN_SHARE / runs - RUN_OVERHEAD_S, 0.0)
+
+
+def _plan(budget_s: float, runs: int, per_run: float, cost: float, side: int) -> str:
+    return (f"{budget_s / 60:.0f} min budget, {TRAIN_SHARE:.0%} for training over {runs} run(s): {per_run:.0f} s each; "
+            f"{cost * 1000:.1f} ms per image at {side} px")
+
+
 def fit_budget(wanted: Decision, runs: int, budget_s: float, seconds_per_image: Callable[[int], float]) -> Fit:
     """`wanted`: the data's input side decision; `seconds_per_image(side)`: training cost per image seen."""
-    per_run = max(budget_s * TRAIN_SHARE / runs - RUN_OVERHEAD_S, 0.0)
-    floor = max(MIN_SIDE, math.ceil(wanted.value / 2 / SIDE_STEP) * SIDE_STEP)
-    floor = min(floor, wanted.value)
+    per_run = _per_run(budget_s, runs)
+    floor = min(max(MIN_SIDE, math.ceil(wanted.value / 2 / SIDE_STEP) * SIDE_STEP), wanted.value)
     sides = [wanted.value] + list(range((wanted.value - 1) // SIDE_STEP * SIDE_STEP, floor - 1, -SIDE_STEP))
     afford = {s: int(per_run / seconds_per_image(s)) for s in sides}
-    plan = f"{budget_s / 60:.0f} min budget, {TRAIN_SHARE:.0%} for training over {runs} run(s): {per_run:.0f} s each"
     for s in sides:
         if afford[s] >= BUDGET_IMAGES:
-            cost = f"{seconds_per_image(s) * 1000:.1f} ms per image at {s} px"
             why = wanted.reason if s == wanted.value else (
                 f"{wanted.value} px ({wanted.reason}) would see only {afford[wanted.value]} images per run in the budget; "
                 f"{s} px is the largest side that affords {BUDGET_IMAGES}")
-            return Fit(Decision("data.image_size", s, why), BUDGET_IMAGES, f"{plan}; {cost}", None)
+            return Fit(Decision("data.image_size", s, why), BUDGET_IMAGES,
+                       _plan(budget_s, runs, per_run, seconds_per_image(s), s), None)
     images = max(afford[floor], 1)
     warning = (f"the {budget_s / 60:.0f} min budget affords only {images} images seen per run at {floor} px (the "
                f"smallest side that keeps small defects visible), under the {BUDGET_IMAGES} a from-scratch model wants: "
@@ -75,24 +83,32 @@ def fit_budget(wanted: Decision, runs: int, budget_s: float, seconds_per_image: 
     if floor == wanted.value:
         why = wanted.reason
     return Fit(Decision("data.image_size", floor, why), images,
-               f"{plan}; {seconds_per_image(floor) * 1000:.1f} ms per image at {floor} px", warning)
+               _plan(budget_s, runs, per_run, seconds_per_image(floor), floor), warning)
 
 
 def fit_folds(wanted: Decision, k: int, budget_s: float, seconds_per_image: Callable[[int], float]) -> tuple[int, Fit, str]:
-    """(k actually run, the budget's fit for k + 1 runs, what the budget did to k, in words)."""
+    """(k actually run, the budget's fit for its runs, what the budget did to k, in words).
+
+    The fold runs keep the side one run would get: a better-founded threshold cannot
+    rescue a model that saw the defects too small, or saw too few images."""
+    single = fit_budget(wanted, 1, budget_s, seconds_per_image)
     if k == 0:
-        return 0, fit_budget(wanted, 1, budget_s, seconds_per_image), ""
+        return 0, single, ""
+    side = single.side.value
+    cost = seconds_per_image(side)
     enough = int(BUDGET_IMAGES * KFOLD_MIN_SHARE)
     for j in range(k, MIN_FOLDS - 1, -1):
-        fit = fit_budget(wanted, j + 1, budget_s, seconds_per_image)
-        if fit.images_seen >= enough:
-            return j, fit, "" if j == k else f"; lowered from {k} to {j} folds so that each of the {j + 1} runs sees {enough}+ images in the budget"
-    floor = max(MIN_SIDE, min(wanted.value, math.ceil(wanted.value / 2 / SIDE_STEP) * SIDE_STEP))
-    need_s = (enough * seconds_per_image(floor) + RUN_OVERHEAD_S) * (MIN_FOLDS + 1) / TRAIN_SHARE
-    return 0, fit_budget(wanted, 1, budget_s, seconds_per_image), (
-        f"; but the budget cannot give {MIN_FOLDS + 1} runs {enough} images each even at {floor} px, and a threshold "
-        f"on a model that saw too few images is worth little: no k-fold, the threshold is chosen on the validation "
-        f"split (--budget-minutes {math.ceil(need_s / 60)} would afford {MIN_FOLDS} folds on this machine)")
+        per_run = _per_run(budget_s, j + 1)
+        images = min(single.images_seen, int(per_run / cost))
+        if images >= enough:
+            lowered = "" if j == k else (f"; lowered from {k} to {j} folds so that each of the {j + 1} runs sees "
+                                         f"{enough}+ images at {side} px in the budget")
+            return j, Fit(single.side, images, _plan(budget_s, j + 1, per_run, cost, side), single.warning), lowered
+    need_s = (enough * cost + RUN_OVERHEAD_S) * (MIN_FOLDS + 1) / TRAIN_SHARE
+    return 0, single, (
+        f"; but {MIN_FOLDS + 1} runs at {side} px (the side one run affords) would see fewer than {enough} images each, "
+        "and a better-founded threshold cannot rescue a model that saw too little: no k-fold, the threshold is chosen "
+        f"on the validation split (--budget-minutes {math.ceil(need_s / 60)} would afford {MIN_FOLDS} folds here)")
 
 
 def probe(arch: str, side: int, n_classes: int, precision: str = "auto", ranks: int = 1, batch: int = 16) -> float:
