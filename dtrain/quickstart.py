@@ -8,6 +8,10 @@ With `data` (`dtrain quickstart --data ROOT`) the user's own images replace the
 synthetic set, and the recipe (dtrain/recipe/) decides input size, architecture,
 loss weights, training budget and validation from them; each decision and its reason
 is printed, written to train.yaml as an ordinary TrainConfig field, and listed in the report.
+Two decisions are not TrainConfig fields, since they are about runs rather than one run:
+the wall-clock budget (recipe/budget.py: a timed probe sets the input side and images
+seen so that the whole run fits `--budget-minutes`) and k-fold training for the threshold
+when the validation split holds too few defects (recipe/folds.py, recipe/oof.py).
 
 The recipe below is tuned so that on a 2-core CPU (world size 2, gloo) the whole run
 fits well under 10 minutes and reaches a test miss rate <= 0.5 % and accuracy >= 97 %
@@ -24,7 +28,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 import yaml
 
@@ -78,6 +82,9 @@ class QuickstartOptions:
     target_miss_rate: float = TARGET_MISS_RATE
     calibration: str = CALIBRATION
     data: Path | None = None  # the user's own images: the recipe decides (see recipe_config)
+    # With --data: the whole run's wall-clock budget (issue 11: 30 min on the 2-core machine).
+    budget_minutes: float = 30.0
+    folds: int | None = None  # with --data: k of k-fold for the threshold (0: none); None: the recipe decides
 
 
 def train_config(opts: QuickstartOptions, data_dir: Path, output_dir: Path) -> dict[str, Any]:
@@ -91,30 +98,67 @@ def train_config(opts: QuickstartOptions, data_dir: Path, output_dir: Path) -> d
     }
 
 
+@dataclass
+class Recipe:
+    """What the recipe decided for the user's images (see recipe_config)."""
+
+    cfg: dict[str, Any]  # the final run's TrainConfig, as train.yaml holds it
+    decisions: list[dict]  # field, value, reason: printed, and listed in the report
+    notes: list[str]  # what no decision can fix (few images of a class...)
+    data: Any  # the DataConfig of the user's images (its layout detected)
+    folds: int  # k of k-fold training for the threshold; 0: the threshold comes from validation
+    epochs_for: Callable[[int], int]  # a run's epochs for its number of training images
+
+
 def recipe_config(
-    opts: QuickstartOptions, data_dir: Path, output_dir: Path, stream: TextIO
-) -> tuple[dict[str, Any], list[dict], list[str]]:
-    """The TrainConfig dict for the user's images, the decisions (field, value, reason)
-    behind it, and notes on what no decision can fix (few images of a class...)."""
+    opts: QuickstartOptions, data_dir: Path, output_dir: Path, stream: TextIO,
+    seconds_per_image: Callable[[int], float] | None = None,
+) -> Recipe:
+    """The recipe for the user's images. `seconds_per_image(side)`: the training cost per image
+    seen; default: a timed probe of this machine at the data's input side (recipe/budget.py)."""
     from dtrain.data.config import DataConfig
-    from dtrain.recipe.decide import Decision, as_config, notes, plan
+    from dtrain.recipe import budget
+    from dtrain.recipe.decide import Decision, as_config, epochs, input_side, notes, plan
+    from dtrain.recipe.folds import plan_folds
     from dtrain.recipe.stats import detect_layout, gather
 
     layout = detect_layout(data_dir)
-    stats = gather(DataConfig(root=str(data_dir), layout=layout))
-    decisions = plan(stats)
+    data = DataConfig(root=str(data_dir), layout=layout)
+    stats = gather(data)
+    print(f"recipe: {stats.n_train} training images in {len(stats.classes)} classes ({layout} layout)", file=stream)
+    labelled = {c: stats.train_counts.get(c, 0) + stats.val_counts.get(c, 0) for c in stats.classes}
+    val_defective = sum(v for c, v in stats.val_counts.items() if c != stats.negative_class)
+    folds = plan_folds(val_defective, labelled, stats.negative_class, opts.target_miss_rate)
+    wanted = input_side(stats)
+    if seconds_per_image is None:
+        from dtrain.train.launch import default_nproc
+
+        print(f"recipe: timing a few training steps at {wanted.value} px for the budget", file=stream)
+        measured = budget.probe(TRAIN["model"]["arch"], wanted.value, len(stats.classes), TRAIN["precision"],
+                                ranks=opts.nproc or default_nproc())
+        seconds_per_image = budget.scaled(measured, wanted.value)
+    if opts.folds is None:
+        k, fit, why_k = budget.fit_folds(wanted, folds.k, opts.budget_minutes * 60, seconds_per_image)
+    else:  # the command line wins, said so
+        k, why_k = opts.folds, f"; --folds {opts.folds} overrides the recipe's {folds.k}"
+        fit = budget.fit_budget(wanted, k + 1 if k else 1, opts.budget_minutes * 60, seconds_per_image)
+    n_final = stats.n_train + stats.n_val if k else stats.n_train
+    decisions = plan(stats, fit.side, fit.images_seen, fit.reason, n_final, kfold=bool(k))
+    epochs_for = lambda n: epochs(n, fit.images_seen).value  # noqa: E731
     if opts.epochs:  # the command line wins; said so, like every other decision
         decisions = [d for d in decisions if d.field != "epochs"] + [Decision("epochs", opts.epochs, "--epochs")]
-    print(f"recipe: {stats.n_train} training images in {len(stats.classes)} classes ({layout} layout)", file=stream)
+        epochs_for = lambda n: opts.epochs  # noqa: E731
+    decisions.append(Decision("threshold k-fold", k, folds.reason + why_k))  # a decision about runs: not in train.yaml
     for d in decisions:
         print(f"recipe: {d.field} = {d.value}  ({d.reason})", file=stream)
-    remarks = notes(stats)
+    remarks = notes(stats) + ([fit.warning] if fit.warning else [])
     for note in remarks:
         print(f"recipe: note: {note}", file=stream)
-    cfg = _merged(TRAIN, as_config(decisions))
+    cfg = _merged(TRAIN, as_config(decisions[:-1]))
     cfg["data"].update(root=str(data_dir), layout=layout)
     cfg.update(seed=opts.seed, output_dir=str(output_dir))
-    return cfg, [{"field": d.field, "value": d.value, "reason": d.reason} for d in decisions], remarks
+    listed = [{"field": d.field, "value": d.value, "reason": d.reason} for d in decisions]
+    return Recipe(cfg, listed, remarks, data, k, epochs_for)
 
 
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -154,48 +198,55 @@ def run_quickstart(opts: QuickstartOptions, stream: TextIO = sys.stdout) -> dict
     """Run the recipe; returns the report dict also written to WORKDIR/report.json."""
     from dtrain.evaluation.evaluate import evaluate
     from dtrain.evaluation.html_report import write_report
-    from dtrain.train.launch import default_nproc, launch_local, say_job
+    from dtrain.train.launch import default_nproc
 
     t0 = time.perf_counter()
     workdir = Path(opts.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     images = opts.images or IMAGES
     data_dir, train_dir, eval_dir = workdir / "data", workdir / "train", workdir / "eval"
-    recipe: list[dict] = []
-    remarks: list[str] = []
+    recipe: Recipe | None = None
+    nproc = opts.nproc or default_nproc()
+    train = lambda path: _train(path, nproc, stream)  # noqa: E731
+    oof = None
     if opts.data is None:
         ensure_data(data_dir, opts, images, stream)
         cfg_dict = train_config(opts, data_dir, train_dir)
     else:
         data_dir = Path(opts.data)
-        cfg_dict, recipe, remarks = recipe_config(opts, data_dir, train_dir, stream)
+        recipe = recipe_config(opts, data_dir, train_dir, stream)
+        cfg_dict = recipe.cfg
     t_data = time.perf_counter() - t0
 
+    t1 = time.perf_counter()
+    if recipe is not None and recipe.folds:
+        from dtrain.recipe.oof import run_folds
+
+        oof, cfg_dict = run_folds(cfg_dict, recipe.data, recipe.folds, recipe.epochs_for, workdir, train, stream)
     cfg_path = workdir / "train.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg_dict, sort_keys=False))
-    # A fresh run every time: an old last.pt must not be mistaken for this run's result.
-    shutil.rmtree(train_dir, ignore_errors=True)
-    nproc = opts.nproc or default_nproc()
-    print(f"train: {nproc} DDP processes, config {cfg_path}", file=stream)
-    t1 = time.perf_counter()
-    if launch_local(str(cfg_path), [], False, nproc, on_job=say_job(True)):
-        raise KeyboardInterrupt  # its job was stopped (Ctrl-C or `dtrain stop`): the quickstart ends there
+    checkpoint = train(cfg_path)
     train_time = time.perf_counter() - t1
-    checkpoint = train_dir / "checkpoints" / "last.pt"
-    if not checkpoint.is_file():
-        raise DtrainError(f"training finished without a checkpoint at {checkpoint}", f"see the log above and {train_dir}")
     best = checkpoint.with_name("best.pt")  # written with keep_best: the lowest validation loss
     evaluated = best if best.is_file() else checkpoint
 
-    print("eval: predicting the validation and test splits", file=stream)
     from dtrain.progress import progress_bars
 
     with progress_bars(stream) as bars:
-        result = evaluate(
-            evaluated, data_dir, opts.target_miss_rate, calibration=opts.calibration, out_dir=eval_dir,
-            progress=lambda split, total: bars(f"predict {split}", total),
-        )
-    report = {**result, **_training_figures(checkpoint, train_dir, train_time)}
+        progress = lambda split, total: bars(f"predict {split}", total)  # noqa: E731
+        if oof is None:
+            print("eval: predicting the validation and test splits", file=stream)
+            result = evaluate(evaluated, data_dir, opts.target_miss_rate, calibration=opts.calibration, out_dir=eval_dir,
+                              progress=progress)
+        else:
+            from dtrain.evaluation.evaluate import save_scores
+
+            print(f"eval: the threshold from {len(oof)} out-of-fold scores; predicting the test split", file=stream)
+            result = evaluate(evaluated, recipe.data, opts.target_miss_rate, calibration=opts.calibration, out_dir=eval_dir,
+                              progress=progress, threshold_scores=oof,
+                              threshold_source=f"out-of-fold scores of {recipe.folds} fold models over train + val")
+            save_scores(eval_dir / "oof_scores.npz", oof)
+    report = {**result, **_training_figures(checkpoint, Path(cfg_dict["output_dir"]), train_time)}
     report.update(
         data_time_s=t_data,
         total_time_s=time.perf_counter() - t0,
@@ -203,11 +254,28 @@ def run_quickstart(opts: QuickstartOptions, stream: TextIO = sys.stdout) -> dict
         workdir=str(workdir),
         evaluated_checkpoint=evaluated.name,
     )
-    if recipe:
-        report["recipe"] = recipe
-        report["warnings"] = [*report["warnings"], *remarks]
+    if recipe is not None:
+        report["recipe"] = recipe.decisions
+        report["warnings"] = [*report["warnings"], *recipe.notes]
+        report["budget_minutes"] = opts.budget_minutes
     write_report(workdir, report, eval_dir, train_dir / "metrics.jsonl", title="dtrain quickstart: surface-defect inspection")
     return report
+
+
+def _train(cfg_path: Path, nproc: int, stream: TextIO) -> Path:
+    """One local DDP run of a config; returns its last checkpoint."""
+    from dtrain.train.launch import launch_local, say_job
+
+    output_dir = Path(yaml.safe_load(cfg_path.read_text())["output_dir"])
+    # A fresh run every time: an old last.pt must not be mistaken for this run's result.
+    shutil.rmtree(output_dir, ignore_errors=True)
+    print(f"train: {nproc} DDP processes, config {cfg_path}", file=stream)
+    if launch_local(str(cfg_path), [], False, nproc, on_job=say_job(True)):
+        raise KeyboardInterrupt  # its job was stopped (Ctrl-C or `dtrain stop`): the quickstart ends there
+    checkpoint = output_dir / "checkpoints" / "last.pt"
+    if not checkpoint.is_file():
+        raise DtrainError(f"training finished without a checkpoint at {checkpoint}", f"see the log above and {output_dir}")
+    return checkpoint
 
 
 def _training_figures(checkpoint: Path, train_dir: Path, train_time: float) -> dict[str, Any]:

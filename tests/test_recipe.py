@@ -48,9 +48,12 @@ def test_rare_classes_get_loss_weights_and_a_note():
 
 
 def test_epochs_from_a_budget_of_images_seen():
-    assert D.epochs(_stats(counts={"ok": 1200, "a": 600})).value == 17  # ceil(30000 / 1800)
-    assert D.epochs(_stats(counts={"ok": 500_000, "a": 100_000})).value == D.MIN_EPOCHS
-    assert D.epochs(_stats(counts={"ok": 100, "a": 50})).value == D.MAX_EPOCHS
+    assert D.epochs(1800).value == 17  # ceil(30000 / 1800)
+    assert D.epochs(600_000).value == D.MIN_EPOCHS
+    assert D.epochs(150).value == D.MAX_EPOCHS
+    # A wall-clock cut below the budget wins over MIN_EPOCHS (floor, at least 1).
+    assert D.epochs(1800, 9000).value == 5 and D.epochs(600_000, 9000).value == 1
+    assert "wall-clock" in D.epochs(1800, 9000).reason
 
 
 def test_validation_and_negative_class_decisions():
@@ -119,10 +122,14 @@ def test_sqrt_inverse_loss_weights():
 @pytest.mark.slow
 def test_quickstart_data_decides_trains_and_reports(synth_data, tmp_path, dtrain_cmd, dtrain_home):
     work = tmp_path / "qs"
-    argv = [*dtrain_cmd, "quickstart", "--data", str(synth_data), "--workdir", str(work), "--epochs", "2", "--nproc", "1"]
+    argv = [*dtrain_cmd, "quickstart", "--data", str(synth_data), "--workdir", str(work), "--epochs", "2", "--nproc", "1",
+            # A budget no load can cut; no k-fold: the threshold from validation, best.pt by validation loss
+            # (k-fold: tests/test_quickstart_kfold.py).
+            "--folds", "0", "--budget-minutes", "6000"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "recipe: data.image_size = 32" in proc.stdout and "recipe: epochs = 2  (--epochs)" in proc.stdout
+    assert "recipe: threshold k-fold = 0" in proc.stdout and "--folds 0 overrides" in proc.stdout
     cfg = yaml.safe_load((work / "train.yaml").read_text())
     assert cfg["data"]["root"] == str(synth_data) and cfg["keep_best"] is True and cfg["val_every_epoch"] is True
     best = torch.load(work / "train" / "checkpoints" / "best.pt", map_location="cpu", weights_only=False)

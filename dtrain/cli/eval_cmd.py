@@ -25,9 +25,13 @@ def eval_command(
     as_json: bool = typer.Option(False, "--json", help="Print the evaluation JSON to stdout instead of a table."),
     out: Path | None = typer.Option(None, "--out", help="Where to write evaluation.json and the plots (default: RUN/eval next to RUN/checkpoints)."),
     batch_size: int = typer.Option(256, "--batch-size", min=1, help="Images per inference batch."),
+    threshold_scores: Path | None = typer.Option(
+        None, "--threshold-scores", help="Choose the threshold on these scores (an .npz such as the out-of-fold "
+        "WORKDIR/eval/oof_scores.npz of `dtrain quickstart --data`) instead of the validation split.",
+    ),
 ) -> None:
     """Accuracy, miss rate with its 95 % upper bound, false-alarm rate, threshold and plots for a checkpoint."""
-    from dtrain.evaluation.evaluate import evaluate, json_safe
+    from dtrain.evaluation.evaluate import evaluate, json_safe, load_scores
     from dtrain.progress import progress_bars
 
     out_dir = out or default_eval_dir(checkpoint)
@@ -36,6 +40,7 @@ def eval_command(
         result = evaluate(
             checkpoint, data, target_miss_rate, calibration=calibration, out_dir=out_dir, batch_size=batch_size,
             progress=lambda split, total: bars(f"predict {split}", total),
+            threshold_scores=load_scores(threshold_scores) if threshold_scores else None,
         )
     if as_json:
         typer.echo(json.dumps(json_safe(result), indent=2))
@@ -85,7 +90,9 @@ def _inspection_rows(table, result: dict, pct) -> None:
                   f"{result['n_missed']}/{result['n_defective']} defective judged OK (target {pct(result['target_miss_rate'])})")
     table.add_row("miss rate 95 % upper", pct(result["miss_rate_upper95"]), "one-sided Clopper-Pearson")
     table.add_row("false-alarm rate", pct(result["false_alarm_rate"]), f"{result['n_false_alarms']}/{result['n_ok']} OK judged defective")
-    table.add_row("threshold", f"{result['threshold']:.4f}", "on P(defect), chosen on validation")
+    basis = result.get("threshold_basis") or {"source": "validation split", "n_defective": result["validation"]["n_defective"]}
+    table.add_row("threshold", f"{result['threshold']:.4f}",
+                  f"on P(defect), chosen on {basis['source']} ({basis['n_defective']} defective)")
 
 
 def quickstart_command(
@@ -98,15 +105,26 @@ def quickstart_command(
         None, "--data", help="Your own labelled images (ImageFolder ROOT/{train,val,test}/<class> or MVTec-AD): "
         "the recipe decides input size, loss weights and training budget from them, and says why.",
     ),
+    budget_minutes: float = typer.Option(
+        30.0, "--budget-minutes", min=1.0, help="With --data: the whole run's wall-clock budget; a timed probe of "
+        "this machine sets the input size and the images seen to fit it.",
+    ),
+    folds: int | None = typer.Option(
+        None, "--folds", min=0, help="With --data: k-fold training for the threshold, 0 = none, at least 2 "
+        "(default: the recipe decides from the defective validation images and the budget).",
+    ),
 ) -> None:
     """The whole recipe on this machine: synthesise data (or use --data), train with DDP, evaluate, write report.json + report.html."""
     from dtrain.errors import DtrainError
     from dtrain.quickstart import QuickstartOptions, run_quickstart
 
+    if folds == 1:
+        raise DtrainError("--folds 1 holds nothing out", "use --folds 0 (the threshold from validation) or 2 and more")
     if data is not None and (images is not None or image_size is not None):
         raise DtrainError("--images and --image-size are for the synthetic run", "with --data the recipe decides the "
                           "input size (written to WORKDIR/train.yaml: edit it and run `dtrain train` to override)")
-    options = QuickstartOptions(workdir=workdir, images=images, epochs=epochs, nproc=nproc, data=data)
+    options = QuickstartOptions(workdir=workdir, images=images, epochs=epochs, nproc=nproc, data=data,
+                                budget_minutes=budget_minutes, folds=folds)
     if image_size is not None:
         options.image_size = image_size
     result = run_quickstart(options, stream=sys.stdout)

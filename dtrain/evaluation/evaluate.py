@@ -46,8 +46,12 @@ def summarise(
     test: Predictions,
     target_miss_rate: float,
     calibration: str = "rate",
+    source: str = "validation split",
 ) -> dict[str, Any]:
-    """The evaluation dict from validation and test predictions (pure: no I/O)."""
+    """The evaluation dict from validation and test predictions (pure: no I/O).
+
+    `val` is what the threshold is chosen on: the validation split's predictions, or the
+    out-of-fold scores of k-fold training (`source` says which, in words)."""
     if len(val) == 0 or len(test) == 0:
         empty = "validation" if len(val) == 0 else "test"
         raise DtrainError(f"the {empty} split has no readable images", "check the data set (dtrain data synth OUT makes one)")
@@ -64,7 +68,9 @@ def summarise(
     argmax_cm = M.confusion_matrix(test.targets, test.probs.argmax(axis=1), len(classes))
     miss = M.miss_rate(p_def, is_defect, t)
     alarm = M.false_alarm_rate(p_def, is_defect, t)
-    warnings = list(choice.warnings)
+    basis = M.threshold_basis(choice, target_miss_rate, calibration, source)
+    # The basis's warning says what choose_threshold's does, and what it costs, in plainer words.
+    warnings = [basis["warning"]] if basis["warning"] else list(choice.warnings)
     support = M.support_warning(miss.n, target_miss_rate)
     if support:
         warnings.append(support)
@@ -100,6 +106,7 @@ def summarise(
         "n_images": len(test),
         "n_defective": miss.n,
         "n_ok": alarm.n,
+        "threshold_basis": basis,
         "validation": {
             "n_images": len(val),
             "n_defective": choice.val_miss.n,
@@ -168,8 +175,14 @@ def evaluate(
     device: str | None = None,
     num_workers: int = 1,
     progress: Callable[[str, int], Callable[[int], None]] | None = None,
+    threshold_scores: Predictions | None = None,
+    threshold_source: str = "out-of-fold scores",
 ) -> dict[str, Any]:
     """Evaluate `checkpoint` on the val and test splits of `data` (a DataConfig or a data root).
+
+    With `threshold_scores` (out-of-fold predictions of k-fold training, see
+    dtrain/recipe/folds.py) the threshold is chosen on those instead, and only the test
+    split is predicted: a model trained on train + val has seen the validation split.
 
     `progress(split, total)` returns a per-batch callback (the CLI shows a bar).
     With `out_dir`, also writes `evaluation.json` and the PNG plots there.
@@ -194,8 +207,13 @@ def evaluate(
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     classes = list(meta["classes"])
     negative_index = None if meta["negative_class"] is None else classes.index(meta["negative_class"])
+    if threshold_scores is None and not cfg.val_split:
+        raise DtrainError(
+            f"{checkpoint} was trained without a validation split (k-fold: on all of train + val), so there is none to "
+            "choose the threshold on", "pass the out-of-fold scores: --threshold-scores WORKDIR/eval/oof_scores.npz",
+        )
     preds: dict[str, Predictions] = {}
-    for split in (cfg.val_split, cfg.test_split):
+    for split in (cfg.test_split,) if threshold_scores is not None else (cfg.val_split, cfg.test_split):
         ds = open_split(cfg, split, train=False)
         if list(ds.classes) != classes:
             raise DtrainError(
@@ -207,7 +225,11 @@ def evaluate(
             model, ds, mean=meta["mean"], std=meta["std"], batch_size=batch_size,
             device=dev, num_workers=num_workers, progress=callback,
         )
-    result = summarise(classes, negative_index, preds[cfg.val_split], preds[cfg.test_split], target_miss_rate, calibration)
+    if threshold_scores is None:
+        result = summarise(classes, negative_index, preds[cfg.val_split], preds[cfg.test_split], target_miss_rate, calibration)
+    else:
+        result = summarise(classes, negative_index, threshold_scores, preds[cfg.test_split], target_miss_rate, calibration,
+                           threshold_source)
     result["checkpoint"] = str(checkpoint)
     result["data_root"] = cfg.root
     result["image_size"] = int(meta["image_size"])
@@ -268,3 +290,17 @@ def json_safe(obj: Any) -> Any:
     if isinstance(obj, list):
         return [json_safe(v) for v in obj]
     return obj
+
+
+def save_scores(path: Path, pred: Predictions) -> None:
+    """Predictions (e.g. out-of-fold scores) -> an .npz that `load_scores` and `dtrain eval --threshold-scores` read."""
+    np.savez_compressed(path, probs=pred.probs, targets=pred.targets, paths=np.asarray(pred.paths, dtype=str))
+
+
+def load_scores(path: Path) -> Predictions:
+    from dtrain.evaluation.predict import Predictions
+
+    if not Path(path).is_file():
+        raise DtrainError(f"scores file not found: {path}", "dtrain quickstart --data writes WORKDIR/eval/oof_scores.npz")
+    with np.load(path) as z:
+        return Predictions(probs=z["probs"], targets=z["targets"], paths=[str(p) for p in z["paths"]], bad_files=[])

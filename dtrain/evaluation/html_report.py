@@ -78,7 +78,23 @@ def _inspection_rows(report: dict[str, Any]) -> list[tuple[str, Any, str]]:
         ("miss rate, 95 % upper bound", _pct(report["miss_rate_upper95"]), "one-sided Clopper-Pearson"),
         ("false-alarm rate", _pct(report["false_alarm_rate"]), f"{report['n_false_alarms']} of {report['n_ok']} OK judged defective"),
         ("decision threshold on P(defect)", f"{report['threshold']:.4f}",
-         f"chosen on the validation split ({_CALIBRATION_TEXT.get(report.get('calibration', 'rate'), '')})"),
+         f"chosen on the {(report.get('threshold_basis') or {}).get('source', 'validation split')} "
+         f"({_CALIBRATION_TEXT.get(report.get('calibration', 'rate'), '')})"),
+        *_basis_rows(report.get("threshold_basis")),
+    ]
+
+
+def _basis_rows(basis: dict[str, Any] | None) -> list[tuple[str, Any, str]]:
+    """What the threshold rests on (evaluate's `threshold_basis`); older reports have none."""
+    if not basis:
+        return []
+    return [
+        ("threshold chosen on", basis["source"], f"{basis['n_defective']} defective, {basis['n_ok']} OK images; rule: "
+         f"{basis['calibration']}, {basis['rule']}"),
+        ("best miss-rate bound these defects can show", _pct(basis["achievable_miss_rate_upper95"]),
+         f"95 % upper bound with {basis['n_missed']} of {basis['n_defective']} missed; the target needs "
+         f"{basis['defective_needed_for_target']} defective images with none missed"),
+        ("false alarms it costs", _pct(basis["false_alarm_rate"]), f"on the {basis['n_ok']} OK images of the same scores"),
     ]
 
 

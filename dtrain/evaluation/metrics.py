@@ -228,3 +228,51 @@ def support_warning(n_defective: int, target_miss_rate: float, confidence: float
         f"the test split has {n_defective} defective images; even with 0 misses the {confidence:.0%} "
         f"upper bound on the miss rate cannot go below {target_miss_rate:.2%} with fewer than {need}"
     )
+
+
+# What the threshold rule promises, in words (report.json and the HTML say it).
+RULE_TEXT = {
+    "rate": "the miss rate on the scored defects stays within target",
+    "bound95": "the 95 % upper bound of the miss rate on the scored defects stays within target "
+               "(no miss at all when there are too few defects for any miss to be allowed)",
+}
+
+
+def threshold_basis(choice: ThresholdChoice, target_miss_rate: float, calibration: str, source: str) -> dict:
+    """What the threshold rests on: the rule, the defects it was chosen on, the best miss-rate
+    bound those defects can show (e.g. about 3/n for no miss out of n), and the false alarms
+    it costs on the same scores; `source` says where the scores came from, in words."""
+    n, m = choice.val_miss.n, choice.val_miss.k
+    need = min_defective_for_target(target_miss_rate)
+    bound = clopper_pearson_upper(m, n)
+    basis = {
+        "source": source,
+        "calibration": calibration,
+        "rule": RULE_TEXT[calibration],
+        "n_defective": n,
+        "n_ok": choice.val_false_alarm.n,
+        "n_missed": m,
+        "achievable_miss_rate_upper95": bound,
+        "false_alarm_rate": choice.val_false_alarm.rate,
+        "defective_needed_for_target": need,
+        "target_shown": bound <= target_miss_rate,
+    }
+    basis["warning"] = None if basis["target_shown"] else _not_shown(basis, target_miss_rate)
+    return basis
+
+
+def _not_shown(b: dict, target: float) -> str:
+    """The plain-words warning for a quality engineer: what is and is not proven, and what it costs."""
+    if b["n_defective"] == 0:
+        return (f"The {b['source']} hold no defective image, so nothing is known about how many defects the "
+                f"threshold lets through. Label at least {b['defective_needed_for_target']} defective images.")
+    missed = "lets none of them through" if b["n_missed"] == 0 else f"lets {b['n_missed']} of them through"
+    return (
+        f"The {target:.1%} miss-rate target is not proven. The threshold rests on {b['n_defective']} defective "
+        f"images ({b['source']}) and {missed}. With that many, the data can show only that fewer than "
+        f"{b['achievable_miss_rate_upper95']:.1%} of defects are missed (95 % confidence); showing {target:.1%} needs "
+        f"at least {b['defective_needed_for_target']} defective images with none missed. Keeping the scored defects "
+        f"caught flags {b['false_alarm_rate']:.1%} of good parts as defective. Collect about "
+        f"{b['defective_needed_for_target'] - b['n_defective']} more labelled defective images before relying on "
+        f"the {target:.1%} figure."
+    )

@@ -83,17 +83,32 @@ def loss_weights(stats: DataStats) -> Decision:
     return Decision("loss_class_weights", "none", f"classes within {ratio:.1f}:1 (under {IMBALANCE:.0f}:1): no reweighting")
 
 
-def epochs(stats: DataStats) -> Decision:
-    n = stats.n_train
-    e = min(MAX_EPOCHS, max(MIN_EPOCHS, math.ceil(BUDGET_IMAGES / n)))
+def epochs(n: int, images_seen: int = BUDGET_IMAGES, budget: str = "") -> Decision:
+    """Epochs for `n` training images; `images_seen` below BUDGET_IMAGES is the wall-clock
+    budget's cut (recipe/budget.py), which then wins over MIN_EPOCHS."""
+    if images_seen >= BUDGET_IMAGES:
+        e = min(MAX_EPOCHS, max(MIN_EPOCHS, math.ceil(images_seen / n)))
+        bounds = f"{MIN_EPOCHS}..{MAX_EPOCHS} epochs"
+    else:
+        e = max(1, min(MAX_EPOCHS, images_seen // n))
+        bounds = "cut to fit the wall-clock budget, at least 1 epoch"
     return Decision(
         "epochs", e,
-        f"a budget of {BUDGET_IMAGES} images seen over {n} training images "
-        f"({e * n} seen; {MIN_EPOCHS}..{MAX_EPOCHS} epochs)",
+        f"a budget of {images_seen} images seen over {n} training images ({e * n} seen; {bounds})"
+        + (f"; {budget}" if budget else ""),
     )
 
 
-def validation(stats: DataStats) -> list[Decision]:
+KFOLD_VALIDATION = (
+    "k-fold: the final model trains on train + val, so nothing is held out to validate on or to pick a best epoch "
+    "with; the fold models train the same way (fixed epochs, last epoch kept) so that their out-of-fold scores "
+    "stand for the final model's"
+)
+
+
+def validation(stats: DataStats, kfold: bool = False) -> list[Decision]:
+    if kfold:
+        return [Decision("val_every_epoch", False, KFOLD_VALIDATION), Decision("keep_best", False, KFOLD_VALIDATION)]
     if stats.n_val == 0:
         reason = "no validation images: nothing to validate on each epoch"
         return [Decision("val_every_epoch", False, reason), Decision("keep_best", False, reason)]
@@ -119,8 +134,8 @@ def augmentation(stats: DataStats) -> Decision:
     )
 
 
-def cache(stats: DataStats, side: int) -> Decision:
-    need = stats.n_train * 3 * side * side
+def cache(n_train: int, side: int) -> Decision:
+    need = n_train * 3 * side * side
     fits = need <= CACHE_BYTES
     return Decision(
         "data.cache_decoded", fits,
@@ -129,11 +144,18 @@ def cache(stats: DataStats, side: int) -> Decision:
     )
 
 
-def plan(stats: DataStats) -> list[Decision]:
-    side = input_side(stats)
+def plan(
+    stats: DataStats, side: Decision | None = None, images_seen: int = BUDGET_IMAGES, budget: str = "",
+    n_train: int | None = None, kfold: bool = False,
+) -> list[Decision]:
+    """The decisions, in print order. `side`/`images_seen`/`budget`: the wall-clock budget's
+    (recipe/budget.py; default: the data's wish); `n_train`: the final run's training images
+    (train + val under k-fold); `kfold`: the threshold comes from out-of-fold scores."""
+    side = side or input_side(stats)
+    n = n_train or stats.n_train
     return [
-        negative_class(stats), side, architecture(side.value), cache(stats, side.value), augmentation(stats),
-        loss_weights(stats), epochs(stats), *validation(stats),
+        negative_class(stats), side, architecture(side.value), cache(n, side.value), augmentation(stats),
+        loss_weights(stats), epochs(n, images_seen, budget), *validation(stats, kfold),
         Decision("batch_size", BATCH_SIZE, "per process; keeps one CPU thread per rank busy"),
     ]
 
@@ -148,6 +170,10 @@ def notes(stats: DataStats) -> list[str]:
     missing = [k for k in stats.classes if stats.val_counts.get(k, 0) == 0 and stats.n_val]
     if missing:
         out.append(f"no validation images of {', '.join(missing)}")
+    if stats.refused:
+        path, why = next(iter(stats.refused.items()))
+        out.append(f"{len(stats.refused)} of the sampled training images are refused by the decoder and will be skipped "
+                   f"in training (e.g. {path}: {why})")
     return out
 
 

@@ -1,22 +1,35 @@
 """What the recipe looks at in a labelled image set: classes, counts, image sizes, grey or colour.
 
-Reads the folder listing (dtrain.data.layouts) and the headers of a fixed, evenly
-spaced sample of the training images; no training image is decoded in full except
-for the colour check of that sample.
+Reads the folder listing (dtrain.data.layouts) and, through the hardened decoder
+(dtrain.data.decode: sizes checked before anything is inflated), the headers of a fixed
+sample of the training images: SAMPLE of them, evenly spaced over the sorted listing
+(class by class, so every class in proportion to its size), whatever the set's size.
+The header's size and mode answer everything but one question: whether a colour-mode
+image is really grey (cameras and converters often store grey as RGB). For that, at most
+COLOUR_SAMPLE of the sampled colour-mode images, evenly spaced among them, are decoded
+in full; their grey share stands for all colour-mode images of the sample.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from dtrain.data.config import DataConfig
+from dtrain.data.decode import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS, Header, ImageRefused, check, decode, read_header
 from dtrain.errors import DtrainError
 
-# Images whose headers (and a thumbnail) are read: enough for a median side and a grey share.
+# Pillow modes of single-channel images (8 or 16 bits, with or without alpha).
+GREY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16L", "I;16B", "I;16N", "F"})
+
+# Images whose headers are read: enough for a median side (its error shrinks as 1/sqrt(n)).
 SAMPLE = 200
+# Colour-mode images decoded to tell grey-stored-as-RGB from colour: a share to +-7 % (1/sqrt(50)).
+COLOUR_SAMPLE = 50
 # A colour image whose channels differ by at most this many grey levels everywhere is grey
 # (JPEG and PNG writers often store grey photos as RGB).
 GREY_TOLERANCE = 3
@@ -31,6 +44,7 @@ class DataStats:
     short_sides: list[int]  # of the sampled training images
     aspect_ratios: list[float]  # long side / short side, sampled
     grey_share: float  # sampled images that are grey
+    refused: dict[str, str] = field(default_factory=dict)  # sampled files the decoder refuses: path -> why
 
     @property
     def n_train(self) -> int:
@@ -59,7 +73,7 @@ def detect_layout(root: Path) -> str:
     )
 
 
-def gather(cfg: DataConfig, sample: int = SAMPLE) -> DataStats:
+def gather(cfg: DataConfig, sample: int = SAMPLE, colour_sample: int = COLOUR_SAMPLE) -> DataStats:
     from dtrain.data.layouts import scan
 
     if "://" in cfg.root or cfg.layout == "shards":
@@ -68,13 +82,27 @@ def gather(cfg: DataConfig, sample: int = SAMPLE) -> DataStats:
     val = scan(cfg, cfg.val_split) if cfg.val_split else None
     if not train.paths:
         raise DtrainError(f"no training images under {cfg.root}", "put each class's images in ROOT/train/<class>/")
-    step = max(1, len(train.paths) // sample)
-    sides, aspects, grey = [], [], 0
-    for path in train.paths[::step][:sample]:
-        w, h, is_grey = _look(path)
-        sides.append(min(w, h))
-        aspects.append(max(w, h) / max(min(w, h), 1))
-        grey += is_grey
+    sides, aspects, colour, refused = [], [], [], {}
+    grey = 0
+    for path in _evenly(train.paths, sample):
+        try:
+            header = _header(path)
+        except ImageRefused as exc:
+            refused[path] = exc.message
+            continue
+        sides.append(min(header.width, header.height))
+        aspects.append(max(header.width, header.height) / max(min(header.width, header.height), 1))
+        if header.mode in GREY_MODES:
+            grey += 1
+        else:
+            colour.append(path)
+    if not sides:
+        raise DtrainError(f"none of the {len(refused)} sampled training images can be read, e.g. {next(iter(refused))}: "
+                          f"{next(iter(refused.values()))}", "check the files under ROOT/train/")
+    checked = _evenly(colour, colour_sample)
+    grey_stored_as_colour = sum(_is_grey(p) for p in checked)
+    if checked:
+        grey += len(colour) * grey_stored_as_colour / len(checked)
     return DataStats(
         classes=train.classes,
         negative_class=None if train.negative_index is None else train.classes[train.negative_index],
@@ -83,6 +111,7 @@ def gather(cfg: DataConfig, sample: int = SAMPLE) -> DataStats:
         short_sides=sides,
         aspect_ratios=aspects,
         grey_share=grey / len(sides),
+        refused=refused,
     )
 
 
@@ -91,16 +120,31 @@ def _counts(listing) -> dict[str, int]:
     return {name: found.get(i, 0) for i, name in enumerate(listing.classes)}
 
 
-def _look(path: str) -> tuple[int, int, bool]:
-    """(width, height, grey) of one image; grey from the mode, or from a thumbnail's channels."""
-    import numpy as np
-    from PIL import Image
+def _evenly(items: list[str], n: int) -> list[str]:
+    """n items evenly spaced over the list (all of them when there are no more than n)."""
+    if len(items) <= n:
+        return list(items)
+    return [items[i * len(items) // n] for i in range(n)]
 
-    with Image.open(path) as im:
-        w, h = im.size
-        if im.mode in ("1", "L", "LA", "I", "I;16", "F"):
-            return w, h, True
-        im.draft("RGB", (64, 64))  # JPEG: decode at a fraction of the size
-        thumb = np.asarray(im.convert("RGB").resize((64, 64)), dtype=np.int16)
-    spread = thumb.max(axis=2) - thumb.min(axis=2)
-    return w, h, bool(spread.max() <= GREY_TOLERANCE)
+
+def _header(path: str) -> Header:
+    """The header of one file, refused as the decoder would refuse it (too large, several frames...)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise ImageRefused(f"cannot read the file: {exc.strerror}") from None
+    header = read_header(data)
+    check(header, DEFAULT_MAX_PIXELS, DEFAULT_MAX_DECODE_BYTES)
+    return header
+
+
+def _is_grey(path: str) -> bool:
+    """A colour-mode image whose channels never differ by more than GREY_TOLERANCE (every 4th pixel)."""
+    try:
+        with open(path, "rb") as f:
+            img = decode(f.read())
+    except (OSError, ImageRefused):
+        return False  # the training loader will skip and name it; here it is no evidence of grey
+    px = img[:, ::4, ::4].to(torch.int16)
+    return bool((px.max(dim=0).values - px.min(dim=0).values).max() <= GREY_TOLERANCE)

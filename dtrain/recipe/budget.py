@@ -1,0 +1,156 @@
+"""A wall-clock budget -> input side and images seen, from a timed probe of this machine.
+
+The recipe's other decisions say what the data wants (half the native side, ~30 000
+images seen); this one says what the machine affords in `--budget-minutes`. A short
+probe times a few training steps of the chosen architecture at the chosen side, in
+this process with all of its cores (what the DDP ranks share between them), with the
+run's precision. A convolutional network's cost per image grows with its pixels, so
+the cost at another side is the probe's times (side / probe side)^2.
+
+Rule: the training share of the budget is split evenly over the runs (k fold models +
+the final one, or the one run); the input side is the largest multiple of 32, at most
+the data's choice and at least half of it (a quarter of the native side: below that a
+defect a few pixels wide at native resolution is gone), at which each run still sees
+BUDGET_IMAGES images. When not even that floor affords them, the floor side is kept
+and the images seen are cut to what fits, with a warning: a weaker model in time
+rather than a good one too late.
+
+k-fold (recipe/folds.py) multiplies the runs by k + 1, all of one recipe; a threshold
+resting on more defects is worth little on a model that saw too few images or saw the
+defects too small, so k-fold is kept only while every run still sees KFOLD_MIN_SHARE of
+BUDGET_IMAGES at the side one run would get: k is lowered (down to folds.MIN_FOLDS)
+until that holds, else the threshold is chosen on the validation split and the budget
+that k-fold would need is printed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dtrain.recipe.decide import BUDGET_IMAGES, MIN_SIDE, SIDE_STEP, Decision
+from dtrain.recipe.folds import MIN_FOLDS
+
+# Of the budget, what training gets: the rest pays each run's start-up (processes,
+# imports, decoding the cache), predicting held-out folds and the test split, the report.
+TRAIN_SHARE = 0.75
+# Per launched run, on top: process start, imports and DDP rendezvous (~25 s on the loaded
+# 2-core machine), and each rank's decode-once cache (~2 400 PNGs of 256-512 px: ~30 s).
+RUN_OVERHEAD_S = 60.0
+PROBE_WARMUP, PROBE_STEPS = 3, 4  # the first steps pay oneDNN's kernel selection: not timed
+# k-fold only while every one of the k + 1 runs sees at least this share of BUDGET_IMAGES.
+KFOLD_MIN_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class Fit:
+    side: Decision  # data.image_size
+    images_seen: int  # per run
+    reason: str  # the budget's arithmetic, printed with the epochs decision
+    warning: str | None  # when the budget forced fewer images than BUDGET_IMAGES
+
+
+def _per_run(budget_s: float, runs: int) -> float:
+    return max(budget_s * TRAIN_SHARE / runs - RUN_OVERHEAD_S, 0.0)
+
+
+def _plan(budget_s: float, runs: int, per_run: float, cost: float, side: int) -> str:
+    return (f"{budget_s / 60:.0f} min budget, {TRAIN_SHARE:.0%} for training over {runs} run(s): {per_run:.0f} s each; "
+            f"{cost * 1000:.1f} ms per image at {side} px")
+
+
+def fit_budget(wanted: Decision, runs: int, budget_s: float, seconds_per_image: Callable[[int], float]) -> Fit:
+    """`wanted`: the data's input side decision; `seconds_per_image(side)`: training cost per image seen."""
+    per_run = _per_run(budget_s, runs)
+    floor = min(max(MIN_SIDE, math.ceil(wanted.value / 2 / SIDE_STEP) * SIDE_STEP), wanted.value)
+    sides = [wanted.value] + list(range((wanted.value - 1) // SIDE_STEP * SIDE_STEP, floor - 1, -SIDE_STEP))
+    afford = {s: int(per_run / seconds_per_image(s)) for s in sides}
+    for s in sides:
+        if afford[s] >= BUDGET_IMAGES:
+            why = wanted.reason if s == wanted.value else (
+                f"{wanted.value} px ({wanted.reason}) would see only {afford[wanted.value]} images per run in the budget; "
+                f"{s} px is the largest side that affords {BUDGET_IMAGES}")
+            return Fit(Decision("data.image_size", s, why), BUDGET_IMAGES,
+                       _plan(budget_s, runs, per_run, seconds_per_image(s), s), None)
+    images = max(afford[floor], 1)
+    warning = (f"the {budget_s / 60:.0f} min budget affords only {images} images seen per run at {floor} px (the "
+               f"smallest side that keeps small defects visible), under the {BUDGET_IMAGES} a from-scratch model wants: "
+               "expect a weaker model; give it more time (--budget-minutes) or more cores or a GPU")
+    why = (f"{wanted.value} px ({wanted.reason}) does not fit the budget; {floor} px is the floor (half the data's "
+           "choice: below it a defect a few pixels wide at native resolution vanishes)")
+    if floor == wanted.value:
+        why = wanted.reason
+    return Fit(Decision("data.image_size", floor, why), images,
+               _plan(budget_s, runs, per_run, seconds_per_image(floor), floor), warning)
+
+
+def fit_folds(wanted: Decision, k: int, budget_s: float, seconds_per_image: Callable[[int], float]) -> tuple[int, Fit, str]:
+    """(k actually run, the budget's fit for its runs, what the budget did to k, in words).
+
+    The fold runs keep the side one run would get: a better-founded threshold cannot
+    rescue a model that saw the defects too small, or saw too few images."""
+    single = fit_budget(wanted, 1, budget_s, seconds_per_image)
+    if k == 0:
+        return 0, single, ""
+    side = single.side.value
+    cost = seconds_per_image(side)
+    enough = int(BUDGET_IMAGES * KFOLD_MIN_SHARE)
+    for j in range(k, MIN_FOLDS - 1, -1):
+        per_run = _per_run(budget_s, j + 1)
+        images = min(single.images_seen, int(per_run / cost))
+        if images >= enough:
+            lowered = "" if j == k else (f"; lowered from {k} to {j} folds so that each of the {j + 1} runs sees "
+                                         f"{enough}+ images at {side} px in the budget")
+            return j, Fit(single.side, images, _plan(budget_s, j + 1, per_run, cost, side), single.warning), lowered
+    need_s = (enough * cost + RUN_OVERHEAD_S) * (MIN_FOLDS + 1) / TRAIN_SHARE
+    return 0, single, (
+        f"; but {MIN_FOLDS + 1} runs at {side} px (the side one run affords) would see fewer than {enough} images each, "
+        "and a better-founded threshold cannot rescue a model that saw too little: no k-fold, the threshold is chosen "
+        f"on the validation split (--budget-minutes {math.ceil(need_s / 60)} would afford {MIN_FOLDS} folds here)")
+
+
+def probe(arch: str, side: int, n_classes: int, precision: str = "auto", ranks: int = 1, batch: int = 16) -> float:
+    """Seconds per training image (forward, backward, AdamW step) at `side` px for `ranks` DDP
+    ranks side by side on this machine's CPU cores (or its GPU), each with its share of the cores.
+
+    One rank's share is timed and the ranks are taken to run in parallel: one process with
+    all the cores would time OpenMP's thread barriers, which under a loaded machine cost far
+    more than the ranks' gradient all-reduce (2-3x slower than the real run, measured)."""
+    import torch
+    import torch.nn.functional as F
+
+    from dtrain.models import ModelConfig, build_model
+    from dtrain.train import precision as P
+    from dtrain.train.dist import cpu_count
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, cpu_count() // ranks))
+    try:
+        model = build_model(ModelConfig(arch=arch), n_classes).to(dev).to(memory_format=torch.channels_last)
+        opt = torch.optim.AdamW(model.parameters())
+        x = torch.randn(batch, 3, side, side, device=dev).contiguous(memory_format=torch.channels_last)
+        y = torch.randint(0, n_classes, (batch,), device=dev)
+        policy = P.resolve(precision, dev)
+        for i in range(PROBE_WARMUP + PROBE_STEPS):
+            if i == PROBE_WARMUP:
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+            with policy.autocast(dev):
+                loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / (PROBE_STEPS * batch) / (1 if dev.type == "cuda" else ranks)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def scaled(measured: float, at: int) -> Callable[[int], float]:
+    """Cost per image at any side from one measurement at side `at` (pixels: side squared)."""
+    return lambda side: measured * (side / at) ** 2

@@ -1,0 +1,167 @@
+"""The threshold on a small validation split: k-fold planning, stratified folds, linked fold
+folders, what the threshold rests on (in words), and the wall-clock budget rule."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from dtrain.evaluation.evaluate import load_scores, save_scores, summarise
+from dtrain.evaluation.predict import Predictions
+from dtrain.recipe import budget as B
+from dtrain.recipe.decide import BUDGET_IMAGES, Decision
+from dtrain.recipe.folds import MAX_FOLDS, assign_folds, link_split, plan_folds
+
+
+def test_kfold_only_when_validation_cannot_show_the_target():
+    labelled = {"ok": 2000, "scratch": 150, "pit": 30}
+    enough = plan_folds(600, labelled, "ok", 0.005)
+    assert enough.k == 0 and "no k-fold" in enough.reason and "598" in enough.reason
+    few = plan_folds(80, labelled, "ok", 0.005)
+    assert few.k == MAX_FOLDS and "only 80 defective validation images" in few.reason and "all 180" in few.reason
+    assert plan_folds(80, {"ok": 500, "crack": 3, "pit": 40}, "ok", 0.005).k == 3  # the rarest class has 3
+    assert plan_folds(80, {"ok": 500, "crack": 1}, "ok", 0.005).k == 2
+    assert plan_folds(0, {"a": 40, "b": 40}, None, 0.005).k == 0  # classification: no threshold
+
+
+def test_folds_are_stratified_balanced_and_seeded():
+    targets = [0] * 103 + [1] * 17 + [2] * 6
+    folds = assign_folds(targets, 5, seed=0)
+    assert folds == assign_folds(targets, 5, seed=0) and folds != assign_folds(targets, 5, seed=1)
+    sizes = np.bincount(folds, minlength=5)
+    assert sizes.max() - sizes.min() <= 1
+    for cls, n in ((0, 103), (1, 17), (2, 6)):
+        per_fold = np.bincount([f for f, t in zip(folds, targets) if t == cls], minlength=5)
+        assert per_fold.sum() == n and per_fold.max() - per_fold.min() <= 1
+
+
+def test_link_split_keeps_every_class_and_distinct_names(tmp_path):
+    src = tmp_path / "src"
+    (src / "a").mkdir(parents=True)
+    (src / "b").mkdir(parents=True)
+    for d in ("a", "b"):
+        (src / d / "000.png").write_bytes(b"x")  # the same name twice, as MVTec's train/good and test/good
+    link_split(tmp_path / "fold", "train", ["bent", "good"], [str(src / "a" / "000.png"), str(src / "b" / "000.png")], [1, 1])
+    assert sorted(os.listdir(tmp_path / "fold" / "train")) == ["bent", "good"]
+    links = sorted((tmp_path / "fold" / "train" / "good").iterdir())
+    assert len(links) == 2 and [os.readlink(p) for p in links] == [str(src / "a" / "000.png"), str(src / "b" / "000.png")]
+
+
+def _pred(p_def: list[float], defect: list[bool]) -> Predictions:
+    p = np.asarray(p_def)
+    return Predictions(probs=np.stack([1 - p, p], axis=1), targets=np.asarray(defect, dtype=np.int64),
+                       paths=[f"{i}.png" for i in range(len(p))], bad_files=[])
+
+
+def test_the_report_says_what_the_threshold_rests_on_and_warns_in_plain_words():
+    rng = np.random.default_rng(0)
+    # 300 defects, 1 faint one among them; 1700 OK parts.
+    d = np.concatenate([rng.uniform(0.6, 1.0, 299), [0.2]])
+    o = rng.uniform(0.0, 0.3, 1700)
+    oof = _pred(list(d) + list(o), [True] * 300 + [False] * 1700)
+    test = _pred([0.9, 0.1], [True, False])
+    res = summarise(["ok", "scratch"], 0, oof, test, 0.005, "bound95", "out-of-fold scores of 5 fold models")
+    b = res["threshold_basis"]
+    assert b["n_defective"] == 300 and b["n_missed"] == 0 and b["source"].startswith("out-of-fold")
+    assert b["achievable_miss_rate_upper95"] == pytest.approx(1 - 0.05 ** (1 / 300))  # ~3/n
+    assert b["false_alarm_rate"] == pytest.approx(np.mean(o >= res["threshold"]))
+    assert not b["target_shown"] and b["defective_needed_for_target"] == 598
+    warning = b["warning"]
+    assert warning in res["warnings"] and "not proven" in warning and "300 defective images" in warning
+    assert "fewer than 1.0% of defects are missed" in warning and "about 298 more" in warning
+    enough = summarise(["ok", "scratch"], 0, _pred([0.9] * 600 + [0.1] * 50, [True] * 600 + [False] * 50), test, 0.005, "bound95")
+    assert enough["threshold_basis"]["target_shown"] and enough["threshold_basis"]["warning"] is None
+
+
+def test_scores_round_trip(tmp_path):
+    pred = _pred([0.2, 0.7], [False, True])
+    save_scores(tmp_path / "s.npz", pred)
+    back = load_scores(tmp_path / "s.npz")
+    assert np.array_equal(back.probs, pred.probs) and back.paths == pred.paths and list(back.targets) == [0, 1]
+
+
+def _wanted(side: int) -> Decision:
+    return Decision("data.image_size", side, "the data's choice")
+
+
+def test_budget_keeps_the_data_side_when_it_fits():
+    fit = B.fit_budget(_wanted(256), runs=1, budget_s=1800, seconds_per_image=lambda s: 1e-4)
+    assert fit.side.value == 256 and fit.images_seen == BUDGET_IMAGES and fit.warning is None
+    assert fit.side.reason == "the data's choice"
+
+
+def test_budget_shrinks_the_side_to_fit_every_run():
+    # 10 ms per image at 256 px, scaling with pixels; 6 runs in 30 min: 1350 s / 6 - 60 s = 165 s each.
+    cost = B.scaled(0.010, 256)
+    fit = B.fit_budget(_wanted(256), runs=6, budget_s=1800, seconds_per_image=cost)
+    per_run = 1800 * B.TRAIN_SHARE / 6 - B.RUN_OVERHEAD_S
+    assert fit.warning is None and per_run / cost(fit.side.value) >= BUDGET_IMAGES
+    assert per_run / cost(fit.side.value + 32) < BUDGET_IMAGES and fit.side.value == 160
+    assert "largest side that affords" in fit.side.reason and "6 run(s)" in fit.reason
+
+
+def test_budget_floor_cuts_images_and_warns():
+    fit = B.fit_budget(_wanted(256), runs=6, budget_s=1800, seconds_per_image=lambda s: 0.5)
+    assert fit.side.value == 128 and fit.images_seen < BUDGET_IMAGES and "weaker model" in fit.warning
+    small = B.fit_budget(_wanted(64), runs=1, budget_s=60, seconds_per_image=lambda s: 0.5)
+    assert small.side.value == 64 and small.images_seen >= 1
+
+
+def test_probe_times_a_real_training_step():
+    for ranks in (1, 2):
+        assert 0 < B.probe("small_resnet", 32, 3, precision="fp32", ranks=ranks, batch=4) < 5
+
+
+def test_stats_read_headers_through_the_hardened_decoder(tmp_path):
+    from PIL import Image
+
+    from dtrain.data.config import DataConfig
+    from dtrain.recipe.decide import notes
+    from dtrain.recipe.stats import gather
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for cls in ("ok", "pit"):
+            (tmp_path / split / cls).mkdir(parents=True)
+    grey = rng.integers(0, 255, (40, 60), dtype=np.uint8)
+    Image.fromarray(grey).save(tmp_path / "train" / "ok" / "grey.png")  # grey mode: header only
+    Image.fromarray(np.stack([grey] * 3, axis=2)).save(tmp_path / "train" / "ok" / "grey_rgb.png")  # decoded to tell
+    Image.fromarray(rng.integers(0, 255, (50, 70, 3), dtype=np.uint8)).save(tmp_path / "train" / "pit" / "colour.png")
+    frames = [Image.fromarray(grey), Image.fromarray(255 - grey)]
+    frames[0].save(tmp_path / "train" / "pit" / "anim.gif", save_all=True, append_images=frames[1:])
+    (tmp_path / "train" / "pit" / "broken.png").write_bytes(b"not a png")
+    stats = gather(DataConfig(root=str(tmp_path)))
+    assert sorted(stats.short_sides) == [40, 40, 50] and stats.grey_share == pytest.approx(2 / 3)
+    assert set(map(os.path.basename, stats.refused)) == {"anim.gif", "broken.png"}
+    assert "frames" in stats.refused[str(tmp_path / "train" / "pit" / "anim.gif")]
+    assert any("2 of the sampled training images are refused" in n for n in notes(stats))
+    # Only COLOUR_SAMPLE colour-mode images are decoded: with 1, the first (grey_rgb) stands for both.
+    assert gather(DataConfig(root=str(tmp_path)), colour_sample=1).grey_share == 1.0
+
+
+def test_kfold_is_kept_only_while_every_run_sees_enough_images_at_one_runs_side():
+    wanted = _wanted(256)
+    k, fit, why = B.fit_folds(wanted, 5, 1800, B.scaled(1e-4, 256))
+    assert (k, why, fit.side.value, fit.images_seen) == (5, "", 256, BUDGET_IMAGES)
+    # 20 ms per image at 256 px: one run affords 1290 s / 0.02 = 64 500 images at 256 px; 6 runs 8 250 each,
+    # 5 runs 10 500, 4 runs 13 875, 3 runs 19 500: 2 folds, still at 256 px.
+    k, fit, why = B.fit_folds(wanted, 5, 1800, B.scaled(0.02, 256))
+    assert (k, fit.side.value, fit.images_seen) == (2, 256, 19_500) and "lowered from 5 to 2" in why
+    # 200 ms at 256 px: one run needs the floor, 128 px (25 800 images); 3 runs there: 7 800 each.
+    k, fit, why = B.fit_folds(wanted, 5, 1800, B.scaled(0.2, 256))
+    assert (k, fit.side.value, fit.images_seen) == (0, 128, 25_800)
+    assert "threshold is chosen on the validation split" in why and "--budget-minutes 54 " in why  # (15000*0.05+60)*3/0.75 s
+    assert B.fit_folds(wanted, 0, 1800, B.scaled(0.2, 256))[0] == 0
+
+def test_the_html_report_shows_the_threshold_basis(tmp_path):
+    from dtrain.evaluation.html_report import render_html
+
+    oof = _pred([0.9] * 40 + [0.1] * 200, [True] * 40 + [False] * 200)
+    res = summarise(["ok", "scratch"], 0, oof, _pred([0.9, 0.1], [True, False]), 0.005, "bound95",
+                    "out-of-fold scores of 5 fold models over train + val")
+    page = render_html(res, tmp_path)
+    assert "chosen on the out-of-fold scores of 5 fold models over train + val" in page
+    assert "best miss-rate bound these defects can show" in page and "7.22 %" in page  # 1 - 0.05^(1/40)
+    assert "not proven" in page and "about 558 more" in page
