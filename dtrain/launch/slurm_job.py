@@ -14,9 +14,12 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import signal
 import subprocess
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -215,13 +218,35 @@ def execute(plan: LaunchPlan, job: JobSpec, cluster: SlurmCluster, *, registry: 
         out.write(f"  follow it: dtrain logs {job_id} -f    stop it: dtrain stop {job_id}\n")
         return 0
     try:
-        rec = follow(registry, job_id, client, out=out, poll=poll,
-                     monitor_port=job.monitor_port if job.monitor else None)
+        with _interrupts_cancel():
+            rec = follow(registry, job_id, client, out=out, poll=poll,
+                         monitor_port=job.monitor_port if job.monitor else None)
     except KeyboardInterrupt:
         client.cancel(slurm_id)
         out.write(f"\n[dtrain] cancelled Slurm job {slurm_id}\n")
         rec = wait_ended(registry, registry.get(job_id), client, timeout=60)
     return _exit_status(rec, out)
+
+
+@contextmanager
+def _interrupts_cancel() -> Iterator[None]:
+    """Ctrl-C and SIGTERM raise KeyboardInterrupt while a job is followed, so they cancel
+    it in Slurm as they stop an SSH job (the supervisor's handlers) - also where dtrain
+    was started with SIGINT ignored (a shell script's `cmd &`), where Python would
+    otherwise never raise it and the job would run on after its follower is gone."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    old = {sig: signal.signal(sig, _raise) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def watch(job_id: str, job: JobSpec, *, out: TextIO, registry: JobRegistry | None = None) -> int:
