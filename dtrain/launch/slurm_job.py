@@ -32,6 +32,7 @@ from dtrain.launch.slurm_check import FAILED
 from dtrain.launch.spec import JobSpec
 from dtrain.launch.supervisor import spawn, write_job_file
 from dtrain.paths import job_dir
+from dtrain.signals import raising
 
 # Slurm's job states (squeue/scontrol/sacct spelling) -> dtrain's.
 _LIVE = {"PENDING": JobState.PENDING, "CONFIGURING": JobState.PENDING, "REQUEUED": JobState.PENDING,
@@ -237,16 +238,8 @@ def _interrupts_cancel() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def _raise(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    old = {sig: signal.signal(sig, _raise) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with raising((signal.SIGINT, signal.SIGTERM), lambda _sig: KeyboardInterrupt()):
         yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
 
 
 def watch(job_id: str, job: JobSpec, *, out: TextIO, registry: JobRegistry | None = None) -> int:

@@ -131,15 +131,10 @@ def signals_unwind() -> Iterator[None]:
     supervisor installs its own handlers while it runs, and restores these.)"""
     import signal
 
-    def _raise(signum: int, frame: Any) -> None:
-        raise Terminated(signal.Signals(signum).name)
+    from dtrain.signals import raising
 
-    old = {sig: signal.signal(sig, _raise) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
+    with raising((signal.SIGTERM, signal.SIGHUP), lambda sig: Terminated(sig.name)):
         yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
 
 
 def _usd(cost: float | None) -> str:
