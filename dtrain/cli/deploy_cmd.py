@@ -85,7 +85,7 @@ def inspect(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from dtrain.serve.cores import usable_cores
+    from dtrain.cores import usable_cores
     from dtrain.serve.inspect_batch import check_output, collect_inputs, run_inspection
     from dtrain.serve.predictor import Predictor
 

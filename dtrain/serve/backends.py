@@ -72,7 +72,7 @@ class _OnnxRuntime(Backend):
     def load(self, path: Path) -> Runner:
         import onnxruntime as ort
 
-        from dtrain.serve.cores import usable_cores
+        from dtrain.cores import usable_cores
 
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

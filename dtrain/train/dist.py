@@ -17,6 +17,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from dtrain.cores import usable_cores as cpu_count  # noqa: F401  (the trainer's name for it)
 from dtrain.errors import ConfigError
 
 # The collective backend for each device type; a new accelerator is one more entry.
@@ -59,14 +60,6 @@ def exit_with_launcher(poll_s: float = 1.0) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="dtrain-launcher-watch", daemon=True).start()
-
-
-def cpu_count() -> int:
-    """Cores this process may use (the affinity mask, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def pick_device(requested: str, local_rank: int) -> torch.device:

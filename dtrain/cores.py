@@ -1,5 +1,5 @@
-"""How many cores the inspection runtime may use (torch-free; dtrain.train.dist.cpu_count
-is the trainer's copy of the same rule)."""
+"""How many cores this process may use: one rule for the trainer and the (torch-free)
+inspection runtime."""
 
 from __future__ import annotations
 
