@@ -155,7 +155,7 @@ def cpu_peak() -> tuple[float, str]:
     two FLOPs) x 2 FMA pipes per core. The clock is lscpu's max MHz when it gives one,
     else /proc/cpuinfo's current MHz. On AMD Zen 4, AVX-512 runs as two 256-bit halves,
     so its real peak is half this: the estimate is an upper bound."""
-    from dtrain.serve.cores import usable_cores
+    from dtrain.cores import usable_cores
 
     info = dict(line.split(":", 1) for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
                 if ":" in line)
