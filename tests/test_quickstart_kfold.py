@@ -5,6 +5,7 @@ report that says what it rests on. Checks the flow and the report, not the accur
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 
 import numpy as np
@@ -47,6 +48,16 @@ def test_quickstart_kfold_threshold_from_out_of_fold_scores(tmp_path, dtrain_cmd
     assert report["evaluated_checkpoint"] == "last.pt" and report["n_images"] == sum(manifest["counts"]["test"].values())
     page = (work / "report.html").read_text()
     assert "best miss-rate bound these defects can show" in page and "not proven" in page
+
+    # The printed export command ships the report's threshold (the final model has no val split to choose one on).
+    hint = shlex.split(next(line for line in proc.stdout.splitlines() if line.startswith("export: ")).removeprefix("export: "))
+    assert hint[:2] == ["dtrain", "export"] and hint[hint.index("--threshold-from") + 1] == str(work / "report.json")
+    exported = subprocess.run([*dtrain_cmd, *hint[2:], "--format", "torch", "--quantize", "none", "--backends", "torch-eager"],
+                              capture_output=True, text=True, timeout=300)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    card = json.loads((work / "model" / "model.json").read_text())
+    assert card["threshold"] == report["threshold"] and basis["source"] in card["threshold_source"]
+    assert card["verification"]["torch-eager"]["split"] == "train" and "training images" in card["notes"][0]
 
     # The same threshold from `dtrain eval --threshold-scores`.
     again = subprocess.run([*dtrain_cmd, "eval", str(work / "train" / "checkpoints" / "last.pt"), str(data), "--json",

@@ -21,11 +21,19 @@ def export(
     ),
     data: str | None = typer.Option(None, "--data", help="Data root whose val split verifies the export (default: the training run's)."),
     calibration: str | None = typer.Option(None, "--calibration", help="Images (dir or glob) to calibrate int8 on (default: 256 of the val split)."),
-    target_miss_rate: float = typer.Option(0.005, "--target-miss-rate", help="The threshold keeps the val miss rate at or under this."),
+    target_miss_rate: float | None = typer.Option(
+        None, "--target-miss-rate", help="The threshold keeps the val miss rate at or under this (default: the report's "
+        "with --threshold-from, else 0.005).",
+    ),
     threshold_rule: str = typer.Option(
         "bound95", "--threshold-rule",
         help="bound95: the val miss rate's 95 % upper bound <= target; rate: the val miss rate itself (as `dtrain eval --calibration`).",
     ),
+    threshold_from: Path | None = typer.Option(
+        None, "--threshold-from", help="Take the threshold of this report (WORKDIR/report.json of `dtrain quickstart`, "
+        "needed for its k-fold final model) instead of choosing it on the val split.",
+    ),
+    threshold: float | None = typer.Option(None, "--threshold", help="Take this threshold on P(defect), 0 < P < 1, instead of choosing it."),
     backends: str | None = typer.Option(None, "--backends", help="Comma-separated backends to verify and time (default: all that apply)."),
 ) -> None:
     """Export a checkpoint to a verified, self-contained model directory."""
@@ -42,7 +50,8 @@ def export(
     opts = validate(ExportOptions, {
         "checkpoint": str(checkpoint), "out": str(out), "format": format, "quantize": quantize, "data": data,
         "calibration": calibration, "target_miss_rate": target_miss_rate,
-        "threshold_rule": threshold_rule,
+        "threshold_rule": threshold_rule, "threshold": threshold,
+        "threshold_from": None if threshold_from is None else str(threshold_from),
         "backends": [b.strip() for b in backends.split(",") if b.strip()] if backends else None,
     }, "the command line")
     console = Console(stderr=True)
@@ -57,13 +66,17 @@ def _print_card(console, card, out: Path) -> None:
     choice = next(c for c in card.machine_choices.values() if c.source == "export")
     table = Table(title=f"{out}: threshold {card.threshold:.4f} for a target miss rate of {card.target_miss_rate:.2%} "
                         f"({card.threshold_rule})")
-    for col in ("backend", "verdict agreement", "val miss rate", f"images/s @ {choice.batch}", "chosen"):
+    split = next(iter(card.verification.values())).split  # every backend is verified on the same images
+    for col in ("backend", "verdict agreement", f"{split} miss rate", f"images/s @ {choice.batch}", "chosen"):
         table.add_column(col)
     for row in sorted(choice.rows, key=lambda r: -(r.images_per_s or -1.0)):
         chosen = "chosen" if row.backend == choice.backend else ("" if row.eligible else row.note)
         table.add_row(row.backend, _pct(row.verdict_agreement), _pct(row.miss_rate),
                       "-" if row.images_per_s is None else f"{row.images_per_s:.1f}", chosen)
     console.print(table)
+    console.print(f"threshold: {card.threshold_source}", highlight=False, soft_wrap=True)
+    for note in card.notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
 
 
 def _pct(x: float | None) -> str:

@@ -133,3 +133,15 @@ def quickstart_command(
     console = Console()
     print_summary(result, None, console)
     console.print(f"report: {workdir / 'report.html'}  (JSON: {workdir / 'report.json'})")
+    console.print(f"export: {export_command(result, workdir)}", markup=False, highlight=False, soft_wrap=True)
+
+
+def export_command(result: dict, workdir: Path) -> str:
+    """`dtrain export` of the evaluated checkpoint with the report's threshold: a k-fold final
+    model has no validation split to choose one on, and the report's figures hold for it."""
+    import shlex
+
+    argv = ["dtrain", "export", result["checkpoint"], "--out", str(workdir / "model")]
+    if result.get("task") != "classification":  # a classifier has no threshold
+        argv += ["--threshold-from", str(workdir / "report.json")]
+    return shlex.join(argv)

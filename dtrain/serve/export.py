@@ -4,7 +4,11 @@
    written as ONNX (fp32, and int8) and/or a torch.export program (run in fp32, and in
    bf16 where the machine multiplies bf16 natively).
 2. On the validation split the checkpoint's own P(defect) fixes the threshold for the
-   target miss rate (dtrain.evaluation.metrics.choose_threshold, as evaluation does).
+   target miss rate (dtrain.evaluation.metrics.choose_threshold, as evaluation does),
+   unless it is given: taken from a report.json (--threshold-from; a k-fold quickstart's
+   final model has no held-out images left to choose it on) or --threshold
+   (given_threshold.py). A checkpoint without a validation split is then verified on
+   --data's val split or its own training images, and model.json says so.
 3. Every candidate backend is run over the same validation images and compared with
    the checkpoint: verdict agreement, largest |P(defect)| difference, and its miss
    rate at that threshold. A quantised backend the export tried on its own
@@ -33,6 +37,7 @@ from dtrain.configio import StrictModel
 from dtrain.errors import DtrainError
 from dtrain.serve import backends as B
 from dtrain.serve.choice import PREFER_MIN_AGREEMENT, BackendRow, MachineChoice, agreement, batch_of, pick, sample_indices, write_sample
+from dtrain.serve.given_threshold import GivenThreshold, from_number, from_report
 from dtrain.serve.machine import bf16_hardware, machine_kind
 from dtrain.serve.model_dir import ModelCard, Preprocessing, check_replaceable, publish, staging_dir, write_card
 from dtrain.serve.verify import ValData, load_val, reference_logits, verify_backend
@@ -52,6 +57,7 @@ QUANTIZED: dict[str, tuple[str, ...]] = {
     "none": (), "int8": ("ort-int8",), "bf16": ("torch-bf16",), "auto": ("ort-int8", "torch-bf16"),
 }
 FP32_BACKENDS = ("ort-fp32", "torch-eager", "torch-compile")
+DEFAULT_TARGET_MISS_RATE = 0.005
 NO_BF16 = "this machine has no native bf16 (avx512_bf16/amx_bf16 or a GPU of compute capability 8+)"
 
 
@@ -66,7 +72,11 @@ class ExportOptions(StrictModel):
     # Images (directory/glob) to calibrate int8 on (default: the validation split).
     calibration: str | None = None
     calibration_images: int = Field(256, ge=1)
-    target_miss_rate: float = Field(0.005, gt=0.0, lt=1.0)
+    # None: the report's (--threshold-from), else DEFAULT_TARGET_MISS_RATE.
+    target_miss_rate: float | None = Field(None, gt=0.0, lt=1.0)
+    # A threshold taken instead of chosen (at most one of the two): a number, or a report.json to take it from.
+    threshold: float | None = Field(None, gt=0.0, lt=1.0)
+    threshold_from: str | None = None
     # How the threshold is chosen on validation (dtrain.evaluation.metrics.allowed_misses):
     # bound95, the miss rate's 95 % upper bound within target, is what the quickstart
     # evaluates with; a plant line wants the bound, not a coin flip on new parts.
@@ -88,11 +98,13 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
     model, meta = load_for_inference(opts.checkpoint)
     classes, negative = list(meta["classes"]), meta["negative_class"]
     size = int(meta["image_size"])
+    given = _given_threshold(opts, meta)
+    target = _target_miss_rate(opts, given)
     kind = machine_kind()
     candidates, rows = _candidates(opts, bf16_hardware(kind))
 
     step("reading the validation split")
-    val = load_val(opts.data, meta)
+    val = load_val(opts.data, meta, choosing=given is None)
     wrapped = Deployable(model, meta["mean"], meta["std"]).eval()
     ref = reference_logits(wrapped, val.images)
     from dtrain.serve.predictor import softmax64
@@ -100,14 +112,25 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
     neg = None if negative is None else classes.index(negative)
     p_ref = p_defect(softmax64(ref), neg)
     is_defect = np.ones(len(val.labels), bool) if neg is None else val.labels != neg
-    threshold_rule = opts.threshold_rule
+    threshold_rule, threshold_source = opts.threshold_rule, f"chosen by the export on the {val.split!r} split of {val.data_cfg.root}"
     if neg is None:
         # A classifier (no defect-free class): P(defect) is 1 for every part, every verdict
         # is "defect" with the most likely class; there is no threshold to choose.
-        threshold, threshold_rule = 0.5, "none (classification)"
+        threshold, threshold_rule, threshold_source = 0.5, "none (classification)", "none (classification)"
+    elif given is None:
+        threshold = float(choose_threshold(p_ref, is_defect, target, opts.threshold_rule).threshold)
     else:
-        threshold = float(choose_threshold(p_ref, is_defect, opts.target_miss_rate, opts.threshold_rule).threshold)
+        threshold, threshold_rule, threshold_source = given.threshold, given.rule, given.source
     ref_miss_rate = miss_rate(p_ref, is_defect, threshold).rate
+    notes = [val.note] if val.note else []
+    limit, limit_text = target, f"the target {target:.2%}"
+    if given is not None and ref_miss_rate > target:
+        # A chosen threshold keeps the checkpoint within target; at a given one the model may
+        # miss these itself (the report's test figures say how it does), so a backend is held
+        # to missing no more than the checkpoint.
+        limit, limit_text = ref_miss_rate, f"the checkpoint's own {ref_miss_rate:.2%}"
+        notes.append(f"at the given threshold the checkpoint itself misses {ref_miss_rate:.2%} of the defective images of "
+                     f"the {val.split!r} split, above the target {target:.2%}; the backends are held to missing no more")
     sample = sample_indices(len(val.images))
     # What the export tries on its own it may leave out; what was asked for by name must hold.
     droppable = set(QUANTIZED["auto"]) if opts.quantize == "auto" and opts.backends is None else set()
@@ -121,11 +144,11 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
             backend = B.get_backend(name)
             run = backend.load(staged / backend.network)
             report = verify_backend(run, val, ref, neg, threshold)
-            if report.miss_rate > opts.target_miss_rate and name in droppable:
+            if report.miss_rate > limit and name in droppable:
                 rows.append(BackendRow(backend=name, verdict_agreement=report.verdict_agreement, miss_rate=report.miss_rate,
-                                       note=f"not shipped: val miss rate above the target {opts.target_miss_rate:.2%}"))
+                                       note=f"not shipped: {val.split} miss rate above {limit_text}"))
                 continue
-            _refuse_if_worse(name, report, opts, threshold)
+            _refuse_if_worse(name, report, limit, limit_text, threshold)
             verification[name] = report
             step(f"timing {name} at batch {opts.batch}")
             throughput[name] = round(B.measure(run, batch_of(val.images, opts.batch), min_seconds=opts.measure_seconds), 1)
@@ -150,14 +173,16 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
             classes=classes,
             negative_class=negative,
             threshold=threshold,
-            target_miss_rate=opts.target_miss_rate,
+            target_miss_rate=target,
             threshold_rule=threshold_rule,
+            threshold_source=threshold_source,
             reference_val_miss_rate=ref_miss_rate,
             backends=shipped,
             preferred_backend=chosen,
             throughput_images_per_s=throughput,
             throughput_batch=opts.batch,
             verification=verification,
+            notes=notes,
             machine_choices={kind: MachineChoice(backend=chosen, source="export", batch=opts.batch, rows=rows)},
         )
         write_card(staged, card)
@@ -179,6 +204,29 @@ class Deployable(torch.nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.net((images.float() - self.shift) * self.scale)
+
+
+def _given_threshold(opts: ExportOptions, meta: dict) -> GivenThreshold | None:
+    """The threshold to take instead of choosing one, checked against the checkpoint; None: choose."""
+    if opts.threshold is not None and opts.threshold_from is not None:
+        raise DtrainError("--threshold and --threshold-from both give the threshold", "pass one of them")
+    if opts.threshold is None and opts.threshold_from is None:
+        return None
+    if meta["negative_class"] is None:
+        raise DtrainError("the checkpoint is a classifier (no defect-free class): its verdict is its most likely class, "
+                          "there is no threshold to give", "export without --threshold / --threshold-from")
+    if opts.threshold is not None:
+        return from_number(opts.threshold)
+    return from_report(Path(opts.threshold_from), Path(opts.checkpoint), meta)
+
+
+def _target_miss_rate(opts: ExportOptions, given: GivenThreshold | None) -> float:
+    """--target-miss-rate, else the one the given threshold was chosen for, else the default."""
+    chosen_for = given.target_miss_rate if given is not None else None
+    if opts.target_miss_rate is not None and chosen_for is not None and opts.target_miss_rate != chosen_for:
+        raise DtrainError(f"the threshold from {opts.threshold_from} was chosen for a target miss rate of {chosen_for:.2%}, "
+                          f"not --target-miss-rate {opts.target_miss_rate:.2%}", "leave --target-miss-rate out: the report's is used")
+    return opts.target_miss_rate or chosen_for or DEFAULT_TARGET_MISS_RATE
 
 
 def _candidates(opts: ExportOptions, bf16_here: bool) -> tuple[list[str], list[BackendRow]]:
@@ -270,12 +318,12 @@ def _unfaithful(report, ref_miss_rate: float) -> str:
     return ""
 
 
-def _refuse_if_worse(name: str, report, opts: ExportOptions, threshold: float) -> None:
-    if report.miss_rate > opts.target_miss_rate:
+def _refuse_if_worse(name: str, report, limit: float, limit_text: str, threshold: float) -> None:
+    if report.miss_rate > limit:
         raise DtrainError(
-            f"refusing to export: with backend {name} the validation miss rate at the threshold {threshold:.4f} "
-            f"is {report.miss_rate:.2%} ({round(report.miss_rate * report.n_defective)} of {report.n_defective} "
-            f"defective images missed), above the target {opts.target_miss_rate:.2%}; nothing was written",
+            f"refusing to export: with backend {name} the miss rate on the {report.split!r} split at the threshold "
+            f"{threshold:.4f} is {report.miss_rate:.2%} ({round(report.miss_rate * report.n_defective)} of "
+            f"{report.n_defective} defective images missed), above {limit_text}; nothing was written",
             "export without this quantisation (--quantize none), or calibrate int8 on more or more representative "
             "training images (--calibration)",
         )

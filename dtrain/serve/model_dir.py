@@ -61,7 +61,10 @@ class ModelCard(StrictModel):
     negative_class: str | None  # None: a classifier (no defect-free class); verdicts are "defect" + class
     threshold: float = Field(ge=0.0, le=1.0)
     target_miss_rate: float
-    threshold_rule: str = "rate"  # model directories written before the field existed used "rate"
+    threshold_rule: str = "rate"  # model directories written before the field existed used "rate"; "given": --threshold
+    # Where the threshold came from, in words: chosen by the export on a split, or taken
+    # from a report (a k-fold quickstart's out-of-fold scores) or from --threshold.
+    threshold_source: str = "chosen by the export on the validation split"
     reference_val_miss_rate: float
     # backend name -> network file it runs; only backends whose file is here.
     backends: dict[str, str]
@@ -69,6 +72,7 @@ class ModelCard(StrictModel):
     throughput_images_per_s: dict[str, float]
     throughput_batch: int
     verification: dict[str, Verification]  # keyed by network file
+    notes: list[str] = []  # what a reader must know about the verification (e.g. it ran on training images)
     files: dict[str, str] = {}  # file name -> sha256, every file except model.json
     # machine kind (serve/machine.py) -> the backend chosen there and the table it was chosen by (serve/choice.py)
     machine_choices: dict[str, MachineChoice] = {}

@@ -2,6 +2,10 @@
 
 The validation split is read once into memory as the networks' own input (uint8
 [N, 3, S, S]); the checkpoint and every exported backend then see exactly the same bytes.
+A checkpoint trained without a validation split (the final model of a k-fold quickstart,
+trained on train + val) is verified, when its threshold is given, on the val split of
+--data, or else on its own training images: whether the backends agree with the
+checkpoint needs no held-out images; choosing a threshold would.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from dtrain.serve.model_dir import Verification
 
 REFERENCE_BATCH = 64
 DECODE_THREADS = 4
+NO_VAL_HINT = ("pass --data ROOT: a data set with the model's classes (its val split, e.g. the images given to "
+               "`dtrain quickstart --data`), to verify the backends on")
 
 
 @dataclass
@@ -27,6 +33,7 @@ class ValData:
     labels: np.ndarray  # int64 [N]
     split: str
     data_cfg: Any  # the DataConfig the split came from
+    note: str = ""  # what a reader must know about these images (not held out), for model.json
 
 
 def data_config(root: str | None, meta: dict[str, Any]):
@@ -40,25 +47,42 @@ def data_config(root: str | None, meta: dict[str, Any]):
     base["image_size"] = int(meta["image_size"])
     cfg = validate(DataConfig, base, "the checkpoint's data config")
     if "://" not in cfg.root and not Path(cfg.root).is_dir():
-        raise DtrainError(f"data directory not found: {cfg.root}", "pass the data set root with --data DIR")
+        raise DtrainError(f"data directory not found: {cfg.root}",
+                          "pass the data set root with --data DIR" if cfg.val_split else NO_VAL_HINT)
     return cfg
 
 
-def load_val(root: str | None, meta: dict[str, Any]) -> ValData:
+def load_val(root: str | None, meta: dict[str, Any], *, choosing: bool = True) -> ValData:
+    """The images to verify on: the validation split; `choosing`: the threshold is chosen on them."""
+    from dtrain.data.config import DataConfig
     from dtrain.data.datasets import open_split
 
     cfg = data_config(root, meta)
-    ds = open_split(cfg, cfg.val_split, train=False)
+    split, note = cfg.val_split, ""
+    if not split:
+        if choosing:
+            raise DtrainError(
+                "the checkpoint was trained without a validation split (a k-fold quickstart's final model: on train + val), so the "
+                "export has no held-out images to choose the threshold on",
+                "take the threshold the quickstart chose: --threshold-from WORKDIR/report.json (or --threshold P)",
+            )
+        split = DataConfig.model_fields["val_split"].default if root is not None else cfg.train_split
+        trained_on = f"its training images ({split!r} split of {cfg.root})" if root is None else f"the {split!r} split of {cfg.root}"
+        note = (f"the checkpoint was trained without a validation split (as a k-fold quickstart's final model is, on "
+                f"train + val): agreement and miss rate are "
+                f"measured on {trained_on}; agreement between backends needs no held-out images, and the threshold "
+                f"was not chosen on them")
+    ds = open_split(cfg, split, train=False)
     if list(ds.classes) != list(meta["classes"]):
         raise DtrainError(f"the data set's classes {list(ds.classes)} differ from the model's {list(meta['classes'])}",
                           "verify on the data set the model was trained on (--data)")
     with ThreadPoolExecutor(max_workers=DECODE_THREADS) as pool:  # decoders release the GIL
         samples = [s for s in pool.map(ds.__getitem__, range(len(ds))) if s is not None]
     if not samples:
-        raise DtrainError(f"the {cfg.val_split!r} split of {cfg.root} has no readable images", "the export verifies on it; check --data")
+        raise DtrainError(f"the {split!r} split of {cfg.root} has no readable images", "the export verifies on it; check --data")
     images = np.stack([s[0].numpy() for s in samples])
     labels = np.array([int(s[1]) for s in samples], dtype=np.int64)
-    return ValData(images=images, labels=labels, split=cfg.val_split, data_cfg=cfg)
+    return ValData(images=images, labels=labels, split=split, data_cfg=cfg, note=note)
 
 
 def reference_logits(wrapped, images: np.ndarray) -> np.ndarray:
