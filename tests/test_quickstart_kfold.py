@@ -52,7 +52,7 @@ def test_quickstart_kfold_threshold_from_out_of_fold_scores(tmp_path, dtrain_cmd
     # The printed export command ships the report's threshold (the final model has no val split to choose one on).
     hint = shlex.split(next(line for line in proc.stdout.splitlines() if line.startswith("export: ")).removeprefix("export: "))
     assert hint[:2] == ["dtrain", "export"] and hint[hint.index("--threshold-from") + 1] == str(work / "report.json")
-    exported = subprocess.run([*dtrain_cmd, *hint[2:], "--format", "torch", "--quantize", "none", "--backends", "torch-eager"],
+    exported = subprocess.run([*dtrain_cmd, *hint[1:], "--format", "torch", "--quantize", "none", "--backends", "torch-eager"],
                               capture_output=True, text=True, timeout=300)
     assert exported.returncode == 0, exported.stderr[-3000:]
     card = json.loads((work / "model" / "model.json").read_text())
