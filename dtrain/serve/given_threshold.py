@@ -59,7 +59,7 @@ def from_report(path: Path, checkpoint: Path, meta: dict[str, Any]) -> GivenThre
                           "pass the report.json or evaluation.json of an inspection run, or --threshold P")
     basis = report.get("threshold_basis") or {}
     rule = basis.get("calibration") or report.get("calibration") or "rate"
-    source = f"{basis.get('source', 'validation split')}, rule {rule}, from {path}"
+    source = f"{basis.get('source', 'validation split')}, rule {rule}, from {path.resolve()}"
     return GivenThreshold(threshold=float(threshold), rule=rule, source=source, target_miss_rate=report.get("target_miss_rate"))
 
 
