@@ -40,15 +40,16 @@ def test_wide_images_are_said_to_be_squashed():
     assert "squashed" not in D.input_side(_stats(aspect=1.2)).reason
 
 
-def test_rare_classes_get_loss_weights_and_a_note():
-    d = D.loss_weights(_stats())
-    assert d.value == "sqrt_inverse" and "pit has 30" in d.reason
-    assert D.loss_weights(_stats(counts={"a": 100, "b": 60, "c": 40})).value == "none"
+def test_rare_classes_are_drawn_more_often_and_named_in_a_note():
+    sampling, weights = D.sampling(_stats())
+    assert (sampling.field, sampling.value) == ("data.sampling", "sqrt_inverse") and "pit has 30" in sampling.reason
+    assert weights.value == "none"
+    assert [d.value for d in D.sampling(_stats(counts={"a": 100, "b": 60, "c": 40}))] == ["uniform", "none"]
     assert any("few training images" in n and "crack (12)" in n for n in D.notes(_stats(counts={"ok": 500, "crack": 12})))
 
 
 def test_epochs_from_a_budget_of_images_seen():
-    assert D.epochs(1800).value == 17  # ceil(30000 / 1800)
+    assert D.epochs(1800).value == 34  # ceil(60000 / 1800)
     assert D.epochs(600_000).value == D.MIN_EPOCHS
     assert D.epochs(150).value == D.MAX_EPOCHS
     # A wall-clock cut below the budget wins over MIN_EPOCHS (floor, at least 1).
@@ -68,7 +69,8 @@ def test_every_decision_is_a_trainconfig_field():
     decisions = D.plan(_stats())
     assert all(d.reason for d in decisions)
     cfg = validate(TrainConfig, _merged(TRAIN, D.as_config(decisions)), "the recipe")
-    assert cfg.data.image_size == 128 and cfg.loss_class_weights == "sqrt_inverse" and cfg.keep_best
+    assert cfg.data.image_size == 128 and cfg.data.sampling == "sqrt_inverse" and cfg.keep_best
+    assert cfg.model.input_norm == "per_image" and cfg.model.pool == "avgmax"
 
 
 def test_gather_reads_counts_sizes_and_colour(synth_data):

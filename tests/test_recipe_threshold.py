@@ -93,8 +93,8 @@ def test_budget_keeps_the_data_side_when_it_fits():
 
 
 def test_budget_shrinks_the_side_to_fit_every_run():
-    # 10 ms per image at 256 px, scaling with pixels; 6 runs in 30 min: 1350 s / 6 - 60 s = 165 s each.
-    cost = B.scaled(0.010, 256)
+    # 5 ms per image at 256 px, scaling with pixels; 6 runs in 30 min: 1350 s / 6 - 60 s = 165 s each.
+    cost = B.scaled(0.005, 256)
     fit = B.fit_budget(_wanted(256), runs=6, budget_s=1800, seconds_per_image=cost)
     per_run = 1800 * B.TRAIN_SHARE / 6 - B.RUN_OVERHEAD_S
     assert fit.warning is None and per_run / cost(fit.side.value) >= BUDGET_IMAGES
@@ -111,7 +111,7 @@ def test_budget_floor_cuts_images_and_warns():
 
 def test_probe_times_a_real_training_step():
     for ranks in (1, 2):
-        assert 0 < B.probe("small_resnet", 32, 3, precision="fp32", ranks=ranks, batch=4) < 5
+        assert 0 < B.probe({"arch": "small_resnet", "pool": "avgmax", "input_norm": "per_image"}, 32, 3, precision="fp32", ranks=ranks, batch=4) < 5
 
 
 def test_stats_read_headers_through_the_hardened_decoder(tmp_path):
@@ -145,15 +145,15 @@ def test_kfold_is_kept_only_while_every_run_sees_enough_images_at_one_runs_side(
     wanted = _wanted(256)
     k, fit, why = B.fit_folds(wanted, 5, 1800, B.scaled(1e-4, 256))
     assert (k, why, fit.side.value, fit.images_seen) == (5, "", 256, BUDGET_IMAGES)
-    # 20 ms per image at 256 px: one run affords 1290 s / 0.02 = 64 500 images at 256 px; 6 runs 8 250 each,
-    # 5 runs 10 500, 4 runs 13 875, 3 runs 19 500: 2 folds, still at 256 px.
-    k, fit, why = B.fit_folds(wanted, 5, 1800, B.scaled(0.02, 256))
-    assert (k, fit.side.value, fit.images_seen) == (2, 256, 19_500) and "lowered from 5 to 2" in why
-    # 200 ms at 256 px: one run needs the floor, 128 px (25 800 images); 3 runs there: 7 800 each.
-    k, fit, why = B.fit_folds(wanted, 5, 1800, B.scaled(0.2, 256))
-    assert (k, fit.side.value, fit.images_seen) == (0, 128, 25_800)
-    assert "threshold is chosen on the validation split" in why and "--budget-minutes 54 " in why  # (15000*0.05+60)*3/0.75 s
-    assert B.fit_folds(wanted, 0, 1800, B.scaled(0.2, 256))[0] == 0
+    # 10 ms per image at 256 px: one run affords 1290 s / 0.01 = 129 000 images at 256 px; 6 runs 16 500 each,
+    # 5 runs 21 000, 4 runs 27 750, 3 runs 39 000 (over half of 60 000): 2 folds, still at 256 px.
+    k, fit, why = B.fit_folds(wanted, 5, 1800, B.scaled(0.01, 256))
+    assert (k, fit.side.value, fit.images_seen) == (2, 256, 39_000) and "lowered from 5 to 2" in why
+    # 100 ms at 256 px: one run needs the floor, 128 px (51 600 images); 3 runs there: 15 600 each.
+    k, fit, why = B.fit_folds(wanted, 5, 1800, B.scaled(0.1, 256))
+    assert (k, fit.side.value, fit.images_seen) == (0, 128, 51_600)
+    assert "threshold is chosen on the validation split" in why and "--budget-minutes 54 " in why  # (30000*0.025+60)*3/0.75 s
+    assert B.fit_folds(wanted, 0, 1800, B.scaled(0.1, 256))[0] == 0
 
 def test_the_html_report_shows_the_threshold_basis(tmp_path):
     from dtrain.evaluation.html_report import render_html

@@ -113,7 +113,8 @@ def _kill_tree(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.slow
-def test_resume_after_sigkill_matches_an_uninterrupted_run(synth_data, tmp_path, dtrain_cmd):
+@pytest.mark.parametrize("recipe", [False, True], ids=["plain", "recipe-options"])
+def test_resume_after_sigkill_matches_an_uninterrupted_run(synth_data, tmp_path, dtrain_cmd, recipe):
     """`dtrain train --nproc 2` checkpointing every 4 steps (6 steps per epoch), every
     process SIGKILLed while the ranks wait after step 9 (tests/stall_hook.py, so the
     kill lands at a known point), then `--resume` from the mid-epoch checkpoint of step 8:
@@ -122,10 +123,14 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(synth_data, tmp_path,
     With augmentation on, a DataLoader worker per rank and BatchNorm: resume has to
     restore model, optimizer, scheduler, epoch/step and RNG, skip the samples the epoch
     already trained on, and the per-sample seeded augmentation must not depend on worker
-    history.
+    history. `recipe-options`: what `quickstart --data` adds (class-weighted sampling with
+    replacement, per-image standardisation, avg+max pooling) resumes as exactly.
     """
     data = small_copy(synth_data, tmp_path / "data", {"train": 16, "val": 4})
     extra = dict(epochs=2, batch_size=8, checkpoint_every_steps=4, data={"augment": True, "num_workers": 1})
+    if recipe:
+        extra["data"]["sampling"] = "sqrt_inverse"
+        extra["model"] = {"arch": "resnet18", "input_norm": "per_image", "pool": "avgmax"}
     full = write_config(tmp_path / "full.yaml", data, tmp_path / "full", **extra)
     killed = write_config(tmp_path / "killed.yaml", data, tmp_path / "killed", **extra)
     run(dtrain_cmd + ["train", str(full), "--nproc", "2"])

@@ -103,7 +103,7 @@ def quickstart_command(
     image_size: int | None = typer.Option(None, "--image-size", min=16, max=512, help="Image side in pixels (default: the recipe's)."),
     data: Path | None = typer.Option(
         None, "--data", help="Your own labelled images (ImageFolder ROOT/{train,val,test}/<class> or MVTec-AD): "
-        "the recipe decides input size, loss weights and training budget from them, and says why.",
+        "the recipe decides input size, how the network sees and pools, sampling of rare classes and the training budget from them, and says why.",
     ),
     budget_minutes: float = typer.Option(
         30.0, "--budget-minutes", min=1.0, help="With --data: the whole run's wall-clock budget; a timed probe of "

@@ -26,6 +26,12 @@ class DataConfig(StrictModel):
     image_size: int = Field(64, ge=16, le=2048)
     num_workers: int = Field(2, ge=0)
     augment: bool = True
+    # How each epoch's training images are drawn. "uniform": a permutation, every image once.
+    # "sqrt_inverse": with replacement, class c drawn in proportion to sqrt(n_c) (so each of
+    # its images with weight 1/sqrt(n_c)): a class of 30 images among 1500 OK ones then fills
+    # ~1 batch slot in 10 instead of 1 in 50, so the gradient sees rare defects every step,
+    # without repeating their few images as often as full balancing would. Same epoch length.
+    sampling: Literal["uniform", "sqrt_inverse"] = "uniform"
     train_split: str = "train"
     val_split: str = "val"
     test_split: str = "test"

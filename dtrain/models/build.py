@@ -18,6 +18,7 @@ from torchvision import models as tvm
 
 from dtrain.errors import ConfigError
 from dtrain.models.config import ModelConfig
+from dtrain.models.heads import avg_max_head, standardize_inputs
 from dtrain.models.small import small_resnet
 
 ARCHS: dict[str, Callable[..., nn.Module]] = {
@@ -42,6 +43,10 @@ def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
         raise ConfigError(f"a classifier needs at least 2 classes, got {num_classes}", "check the data set's class folders")
     builder = _lookup(ARCHS, cfg.arch, "model.arch")
     model = builder(weights=None, num_classes=num_classes, norm_layer=_lookup(NORMS, cfg.norm, "model.norm"))
+    if cfg.input_norm == "per_image":
+        standardize_inputs(model)
+    if cfg.pool == "avgmax":
+        avg_max_head(model)
     if cfg.pretrained:
         load_weights(model, cfg.pretrained)
     return model

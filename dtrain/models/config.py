@@ -15,3 +15,9 @@ class ModelConfig(StrictModel):
     # depend on how a batch is split across ranks (used by the DDP equivalence test,
     # and useful with very small per-rank batches).
     norm: Literal["batch", "group"] = "batch"
+    # How the network sees an image and sums up its evidence (dtrain/models/heads.py):
+    # "per_image" standardises each picture by its own level and contrast inside the
+    # network; "avgmax" pools the last feature map by its mean and its maximum, so a
+    # small local defect is not averaged away. Defaults keep the plain ResNet.
+    input_norm: Literal["dataset", "per_image"] = "dataset"
+    pool: Literal["avg", "avgmax"] = "avg"

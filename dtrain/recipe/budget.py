@@ -1,6 +1,6 @@
 """A wall-clock budget -> input side and images seen, from a timed probe of this machine.
 
-The recipe's other decisions say what the data wants (half the native side, ~30 000
+The recipe's other decisions say what the data wants (half the native side, ~60 000
 images seen); this one says what the machine affords in `--budget-minutes`. A short
 probe times a few training steps of the chosen architecture at the chosen side, in
 this process with all of its cores (what the DDP ranks share between them), with the
@@ -111,7 +111,7 @@ def fit_folds(wanted: Decision, k: int, budget_s: float, seconds_per_image: Call
         f"on the validation split (--budget-minutes {math.ceil(need_s / 60)} would afford {MIN_FOLDS} folds here)")
 
 
-def probe(arch: str, side: int, n_classes: int, precision: str = "auto", ranks: int = 1, batch: int = 16) -> float:
+def probe(model_cfg: dict, side: int, n_classes: int, precision: str = "auto", ranks: int = 1, batch: int = 16) -> float:
     """Seconds per training image (forward, backward, AdamW step) at `side` px for `ranks` DDP
     ranks side by side on this machine's CPU cores (or its GPU), each with its share of the cores.
 
@@ -129,7 +129,7 @@ def probe(arch: str, side: int, n_classes: int, precision: str = "auto", ranks: 
     threads = torch.get_num_threads()
     torch.set_num_threads(max(1, cpu_count() // ranks))
     try:
-        model = build_model(ModelConfig(arch=arch), n_classes).to(dev).to(memory_format=torch.channels_last)
+        model = build_model(ModelConfig(**model_cfg), n_classes).to(dev).to(memory_format=torch.channels_last)
         opt = torch.optim.AdamW(model.parameters())
         x = torch.randn(batch, 3, side, side, device=dev).contiguous(memory_format=torch.channels_last)
         y = torch.randint(0, n_classes, (batch,), device=dev)

@@ -53,13 +53,41 @@ class SeededSamples(Dataset):
             return [self[key] for key in keys]
 
 
+class ClassWeightedSampler(Sampler):
+    """DistributedSampler's interface (set_epoch, rank's share), drawing each epoch's
+    `len(dataset)` indices with replacement, class c's images each with weight
+    n_c ** -0.5 (DataConfig.sampling). The draw is seeded by (seed, epoch), so every rank
+    draws the same list and takes its own stride of it, and a resumed run redraws it."""
+
+    def __init__(self, targets, num_replicas: int, rank: int, seed: int) -> None:
+        y = torch.as_tensor(list(targets), dtype=torch.int64)
+        counts = torch.bincount(y).double() if len(y) else torch.zeros(0, dtype=torch.float64)
+        self.weights = counts[y].rsqrt() if len(y) else torch.zeros(0, dtype=torch.float64)
+        self.num_replicas, self.rank, self.seed = num_replicas, rank, seed
+        self.num_samples = -(-len(y) // num_replicas)  # ceil, as DistributedSampler without drop_last
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        if not len(self.weights):
+            return iter(())
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        draw = torch.multinomial(self.weights, self.num_samples * self.num_replicas, replacement=True, generator=g)
+        return iter(draw[self.rank::self.num_replicas].tolist())
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
 class EpochSampler(Sampler):
     """This rank's share of a seeded per-epoch permutation, as `(epoch, index)` pairs.
 
     `set_epoch(e, skip=k)` starts epoch e after its first k samples (mid-epoch resume).
     """
 
-    def __init__(self, inner: DistributedSampler) -> None:
+    def __init__(self, inner: DistributedSampler | ClassWeightedSampler) -> None:
         self.inner = inner
         self.epoch = 0
         self.skip = 0
@@ -120,9 +148,12 @@ def build_loaders(cfg: DataConfig, ctx: DistContext, *, batch_size: int, seed: i
     from dtrain.data.datasets import open_split
 
     train_set = open_split(cfg, cfg.train_split, train=True)
-    inner = DistributedSampler(
-        train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=seed, drop_last=False
-    )
+    if cfg.sampling == "sqrt_inverse":
+        inner = ClassWeightedSampler(train_set.targets, ctx.world_size, ctx.rank, seed)
+    else:
+        inner = DistributedSampler(
+            train_set, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=seed, drop_last=False
+        )
     sampler = EpochSampler(inner)
     kw = loader_kwargs(cfg, ctx)
     # drop_last: a ragged final batch would give one step a different noise scale (and
