@@ -68,3 +68,27 @@ def test_class_weighted_sampler_draws_rare_classes_by_sqrt_of_their_size():
     # Class shares ~ sqrt(n_c): 30 : 10 : 5 of 45.
     for c, share in ((0, 30 / 45), (1, 10 / 45), (2, 5 / 45)):
         assert by_class[c] / total == pytest.approx(share, abs=0.04)
+
+
+@pytest.mark.slow  # a dynamo ONNX export and an int8 calibration: ~15 s of CPU
+def test_the_recipe_network_exports_to_onnx_and_quantises_to_int8(tmp_path):
+    """ONNX Runtime's quantiser runs a symbolic shape inference over the graph: Tensor.std's
+    Shape/Concat/Expand and a Concat fed by ReduceMean/ReduceMax stopped it (TypeError), so
+    `dtrain export` of every recipe model crashed."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from dtrain.serve.export import Deployable, _export_onnx
+    from dtrain.serve.quantize import quantize_int8
+
+    torch.manual_seed(0)
+    net = build_model(ModelConfig(arch="small_resnet", input_norm="per_image", pool="avgmax"), 5).eval()
+    wrapped = Deployable(net, [0.5] * 3, [0.25] * 3).eval()
+    images = torch.randint(0, 255, (4, 3, 48, 48), dtype=torch.uint8)
+    _export_onnx(wrapped, images[:2], ({0: torch.export.Dim("batch", min=1, max=64)},), tmp_path / "m.onnx")
+    fp32 = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"images": images.numpy()})[0]
+    with torch.no_grad():
+        assert np.allclose(fp32, wrapped(images).numpy(), atol=1e-4)
+    quantize_int8(tmp_path / "m.onnx", tmp_path / "q.onnx", np.random.default_rng(0).integers(0, 255, (16, 3, 48, 48), dtype=np.uint8))
+    int8 = ort.InferenceSession(str(tmp_path / "q.onnx")).run(None, {"images": images.numpy()})[0]
+    assert int8.shape == (4, 5) and np.isfinite(int8).all()

@@ -22,6 +22,7 @@ get them without a preprocessing change.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 # Floor of the per-image scale, in units of the normalised input (~1/50 of a typical
@@ -35,8 +36,11 @@ class PerImageStandardizedConv2d(nn.Conv2d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # In float32 whatever autocast runs: a bf16 variance over 200k pixels loses digits.
         xf = x.float()
+        # E[x^2] - E[x]^2 rather than Tensor.std: two ReduceMeans in ONNX, where std's
+        # exported Shape/Concat/Expand stopped ONNX Runtime's int8 shape inference. The
+        # inputs are normalised (|x| of a few units), so fp32 keeps the difference exact enough.
         mean = xf.mean(dim=(1, 2, 3), keepdim=True)
-        std = xf.std(dim=(1, 2, 3), keepdim=True)
+        std = ((xf * xf).mean(dim=(1, 2, 3), keepdim=True) - mean * mean).clamp_min(0).sqrt()
         return super().forward(((xf - mean) / (std + MIN_SCALE)).to(x.dtype))
 
 
@@ -44,7 +48,12 @@ class AvgMaxPool(nn.Module):
     """[B, C, H, W] -> [B, 2C, 1, 1]: the mean and the maximum of every channel."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([x.mean(dim=(2, 3)), x.amax(dim=(2, 3))], dim=1)[..., None, None]
+        # Pooling windows the size of the map rather than reductions: they export to ONNX
+        # AveragePool/MaxPool with static shapes (an export has a fixed input side), which
+        # ONNX Runtime's int8 quantiser can follow; its shape inference stopped at a Concat
+        # fed by ReduceMean/ReduceMax.
+        window = tuple(x.shape[-2:])
+        return torch.cat([F.avg_pool2d(x, window), F.max_pool2d(x, window)], dim=1)
 
 
 def standardize_inputs(model: nn.Module) -> None:

@@ -137,7 +137,9 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
 
     staged = staging_dir(out)
     try:
-        written = _write_networks(opts, candidates, wrapped, size, val, staged, step)
+        written, failed = _write_networks(opts, candidates, wrapped, size, val, staged, step, may_fail=bool(droppable))
+        rows += [BackendRow(backend=n, note=f"not shipped: {failed[B.get_backend(n).network]}")
+                 for n in candidates if B.get_backend(n).network in failed]
         verification, throughput = {}, {}
         for name in [n for n in candidates if B.get_backend(n).network in written]:
             step(f"verifying {name} on {len(val.images)} validation images")
@@ -268,7 +270,11 @@ def _network_files(opts: ExportOptions) -> tuple[str, ...]:
     return FORMATS[opts.format] + ((B.ONNX_INT8,) if int8 else ())
 
 
-def _write_networks(opts: ExportOptions, candidates: list[str], wrapped, size: int, val: ValData, folder: Path, step: Step) -> set[str]:
+def _write_networks(
+    opts: ExportOptions, candidates: list[str], wrapped, size: int, val: ValData, folder: Path, step: Step, may_fail: bool,
+) -> tuple[set[str], dict[str, str]]:
+    """The networks written, and {network: why not} for an int8 quantisation that failed
+    where `may_fail` (what `--quantize auto` tries on its own it may leave out)."""
     example = torch.from_numpy(batch_of(val.images, 2))
     dynamic = ({0: torch.export.Dim("batch", min=1, max=65536)},)
     written: set[str] = set()
@@ -290,9 +296,17 @@ def _write_networks(opts: ExportOptions, candidates: list[str], wrapped, size: i
             step("reading calibration images")
             calib = calibration_images(opts.calibration, size, opts.calibration_images)
         step(f"quantising to int8 (calibrating on {len(calib)} images)")
-        quantize_int8(folder / B.ONNX_FP32, folder / B.ONNX_INT8, calib)
+        try:
+            quantize_int8(folder / B.ONNX_FP32, folder / B.ONNX_INT8, calib)
+        except Exception as exc:  # ONNX Runtime's quantiser on a graph it cannot follow: any error type
+            if not may_fail:
+                raise DtrainError(f"int8 quantisation failed: {type(exc).__name__}: {exc}",
+                                  "export without it (--quantize none or auto)") from exc
+            step(f"int8 quantisation failed ({type(exc).__name__}: {exc}); int8 is left out")
+            (folder / B.ONNX_INT8).unlink(missing_ok=True)
+            return written, {B.ONNX_INT8: f"int8 quantisation failed ({type(exc).__name__})"}
         written.add(B.ONNX_INT8)
-    return written
+    return written, {}
 
 
 def _export_onnx(wrapped, example, dynamic, path: Path) -> None:
