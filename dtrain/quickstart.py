@@ -77,7 +77,8 @@ class QuickstartOptions:
     epochs: int | None = None
     nproc: int | None = None
     image_size: int = IMAGE_SIZE
-    seed: int = SEED
+    seed: int = SEED  # the synthetic set's and the training's
+    precision: str = "auto"  # TrainConfig.precision: auto (bf16 where the CPU/GPU has it), fp32, bf16, fp16
     difficulty: float = DIFFICULTY
     target_miss_rate: float = TARGET_MISS_RATE
     calibration: str = CALIBRATION
@@ -94,6 +95,7 @@ def train_config(opts: QuickstartOptions, data_dir: Path, output_dir: Path) -> d
         "data": {"root": str(data_dir), "image_size": opts.image_size, "cache_decoded": True},
         "epochs": opts.epochs or EPOCHS,
         "seed": opts.seed,
+        "precision": opts.precision,
         "output_dir": str(output_dir),
     }
 
@@ -135,7 +137,7 @@ def recipe_config(
 
         print(f"recipe: timing a few training steps at {wanted.value} px for the budget", file=stream)
         model = {**TRAIN["model"], "input_norm": input_norm().value, "pool": pooling().value}
-        measured = budget.probe(model, wanted.value, len(stats.classes), TRAIN["precision"],
+        measured = budget.probe(model, wanted.value, len(stats.classes), opts.precision,
                                 ranks=opts.nproc or default_nproc())
         seconds_per_image = budget.scaled(measured, wanted.value)
     if opts.folds is None:
@@ -157,7 +159,7 @@ def recipe_config(
         print(f"recipe: note: {note}", file=stream)
     cfg = _merged(TRAIN, as_config(decisions[:-1]))
     cfg["data"].update(root=str(data_dir), layout=layout)
-    cfg.update(seed=opts.seed, output_dir=str(output_dir))
+    cfg.update(seed=opts.seed, precision=opts.precision, output_dir=str(output_dir))
     listed = [{"field": d.field, "value": d.value, "reason": d.reason} for d in decisions]
     return Recipe(cfg, listed, remarks, data, k, epochs_for)
 

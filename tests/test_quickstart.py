@@ -18,7 +18,8 @@ DESIGN_KEYS = {"classes", "accuracy", "miss_rate", "miss_rate_upper95", "false_a
 
 def test_quickstart_tiny(tmp_path, dtrain_cmd, dtrain_home):
     work = tmp_path / "qs"
-    argv = [*dtrain_cmd, "quickstart", "--workdir", str(work), "--images", "300", "--epochs", "1", "--image-size", "32", "--nproc", "2"]
+    argv = [*dtrain_cmd, "quickstart", "--workdir", str(work), "--images", "300", "--epochs", "1", "--image-size", "32", "--nproc", "2",
+            "--seed", "3", "--precision", "fp32"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     report = json.loads((work / "report.json").read_text())
@@ -27,6 +28,10 @@ def test_quickstart_tiny(tmp_path, dtrain_cmd, dtrain_home):
     assert report["negative_class"] == "ok" and len(report["classes"]) == 6
     assert report["n_images"] == sum(sum(row) for row in report["confusion_matrix"])
     assert report["config"]["epochs"] == 1
+    # --seed and --precision reach the data, the training and the report's run facts.
+    assert report["config"]["seed"] == 3 and report["config"]["precision"] == "fp32"
+    assert (report["run"]["seed"], report["run"]["precision"]) == (3, "fp32")
+    assert json.loads((work / "data" / "manifest.json").read_text())["seed"] == 3
     # 300 images leave far fewer than 598 defective test images: the report says so.
     assert any("598" in w for w in report["warnings"])
     page = (work / "report.html").read_text()

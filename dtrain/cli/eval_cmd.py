@@ -95,6 +95,9 @@ def _inspection_rows(table, result: dict, pct) -> None:
                   f"on P(defect), chosen on {basis['source']} ({basis['n_defective']} defective)")
 
 
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # TrainConfig.precision
+
+
 def quickstart_command(
     workdir: Path = typer.Option(Path("runs/quickstart"), "--workdir", help="Where data, checkpoints and the report go."),
     images: int | None = typer.Option(None, "--images", min=60, help="Images to synthesise (default: the recipe's, in dtrain/quickstart.py)."),
@@ -109,6 +112,10 @@ def quickstart_command(
         30.0, "--budget-minutes", min=1.0, help="With --data: the whole run's wall-clock budget; a timed probe of "
         "this machine sets the input size and the images seen to fit it.",
     ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the synthetic set and of the training (data order, augmentation, init)."),
+    precision: str = typer.Option(
+        "auto", "--precision", help="Training precision: auto = bf16 where the CPU (AVX512-BF16/AMX) or GPU has it, else fp32 (fp16 on older GPUs).",
+    ),
     folds: int | None = typer.Option(
         None, "--folds", min=0, help="With --data: k-fold training for the threshold, 0 = none, at least 2 "
         "(default: the recipe decides from the defective validation images and the budget).",
@@ -118,13 +125,15 @@ def quickstart_command(
     from dtrain.errors import DtrainError
     from dtrain.quickstart import QuickstartOptions, run_quickstart
 
+    if precision not in PRECISIONS:
+        raise DtrainError(f"unknown precision {precision!r}", f"choose one of {', '.join(PRECISIONS)}")
     if folds == 1:
         raise DtrainError("--folds 1 holds nothing out", "use --folds 0 (the threshold from validation) or 2 and more")
     if data is not None and (images is not None or image_size is not None):
         raise DtrainError("--images and --image-size are for the synthetic run", "with --data the recipe decides the "
                           "input size (written to WORKDIR/train.yaml: edit it and run `dtrain train` to override)")
     options = QuickstartOptions(workdir=workdir, images=images, epochs=epochs, nproc=nproc, data=data,
-                                budget_minutes=budget_minutes, folds=folds)
+                                budget_minutes=budget_minutes, folds=folds, seed=seed, precision=precision)
     if image_size is not None:
         options.image_size = image_size
     result = run_quickstart(options, stream=sys.stdout)
