@@ -120,7 +120,7 @@ def recipe_config(
     seen; default: a timed probe of this machine at the data's input side (recipe/budget.py)."""
     from dtrain.data.config import DataConfig
     from dtrain.recipe import budget
-    from dtrain.recipe.decide import Decision, as_config, epochs, input_norm, input_side, notes, plan, pooling
+    from dtrain.recipe.decide import Decision, as_config, epochs, input_side, network, notes, plan
     from dtrain.recipe.folds import plan_folds
     from dtrain.recipe.stats import detect_layout, gather
 
@@ -136,8 +136,7 @@ def recipe_config(
         from dtrain.train.launch import default_nproc
 
         print(f"recipe: timing a few training steps at {wanted.value} px for the budget", file=stream)
-        model = {**TRAIN["model"], "input_norm": input_norm().value, "pool": pooling().value}
-        measured = budget.probe(model, wanted.value, len(stats.classes), opts.precision,
+        measured = budget.probe(as_config(network(wanted.value))["model"], wanted.value, len(stats.classes), opts.precision,
                                 ranks=opts.nproc or default_nproc())
         seconds_per_image = budget.scaled(measured, wanted.value)
     if opts.folds is None:

@@ -63,6 +63,8 @@ def test_class_weighted_sampler_draws_rare_classes_by_sqrt_of_their_size():
     assert list(s) == draws[0]  # a pure function of (seed, epoch): resumable, the same on every rank
     s.set_epoch(5)
     assert list(s) != draws[0]
+    empty = ClassWeightedSampler([], num_replicas=2, rank=0, seed=3)
+    assert len(empty) == 0 and list(empty) == []
     by_class = Counter(targets[i] for d in draws for i in d)
     total = sum(by_class.values())
     # Class shares ~ sqrt(n_c): 30 : 10 : 5 of 45.

@@ -95,9 +95,6 @@ def _inspection_rows(table, result: dict, pct) -> None:
                   f"on P(defect), chosen on {basis['source']} ({basis['n_defective']} defective)")
 
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # TrainConfig.precision
-
-
 def quickstart_command(
     workdir: Path = typer.Option(Path("runs/quickstart"), "--workdir", help="Where data, checkpoints and the report go."),
     images: int | None = typer.Option(None, "--images", min=60, help="Images to synthesise (default: the recipe's, in dtrain/quickstart.py)."),
@@ -125,8 +122,13 @@ def quickstart_command(
     from dtrain.errors import DtrainError
     from dtrain.quickstart import QuickstartOptions, run_quickstart
 
-    if precision not in PRECISIONS:
-        raise DtrainError(f"unknown precision {precision!r}", f"choose one of {', '.join(PRECISIONS)}")
+    from typing import get_args
+
+    from dtrain.train.config import TrainConfig
+
+    precisions = get_args(TrainConfig.model_fields["precision"].annotation)
+    if precision not in precisions:
+        raise DtrainError(f"unknown precision {precision!r}", f"choose one of {', '.join(precisions)}")
     if folds == 1:
         raise DtrainError("--folds 1 holds nothing out", "use --folds 0 (the threshold from validation) or 2 and more")
     if data is not None and (images is not None or image_size is not None):

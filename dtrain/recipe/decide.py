@@ -89,6 +89,11 @@ def pooling() -> Decision:
     )
 
 
+def network(side: int) -> list[Decision]:
+    """The model.* decisions: what the plan writes and what the budget's probe times."""
+    return [architecture(side), input_norm(), pooling()]
+
+
 def sampling(stats: DataStats) -> list[Decision]:
     """Rare classes: drawn more often (data.sampling), not weighted in the loss."""
     present = {k: v for k, v in stats.train_counts.items() if v > 0}
@@ -176,7 +181,7 @@ def plan(
     side = side or input_side(stats)
     n = n_train or stats.n_train
     return [
-        negative_class(stats), side, architecture(side.value), input_norm(), pooling(), cache(n, side.value),
+        negative_class(stats), side, *network(side.value), cache(n, side.value),
         augmentation(stats), *sampling(stats), epochs(n, images_seen, budget), *validation(stats, kfold),
         Decision("batch_size", BATCH_SIZE, "per process; keeps one CPU thread per rank busy"),
     ]

@@ -61,8 +61,7 @@ class ClassWeightedSampler(Sampler):
 
     def __init__(self, targets, num_replicas: int, rank: int, seed: int) -> None:
         y = torch.as_tensor(list(targets), dtype=torch.int64)
-        counts = torch.bincount(y).double() if len(y) else torch.zeros(0, dtype=torch.float64)
-        self.weights = counts[y].rsqrt() if len(y) else torch.zeros(0, dtype=torch.float64)
+        self.weights = torch.bincount(y).double()[y].rsqrt()  # each image: 1 / sqrt(its class's size)
         self.num_replicas, self.rank, self.seed = num_replicas, rank, seed
         self.num_samples = -(-len(y) // num_replicas)  # ceil, as DistributedSampler without drop_last
         self.epoch = 0
@@ -71,7 +70,7 @@ class ClassWeightedSampler(Sampler):
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:
-        if not len(self.weights):
+        if not len(self.weights):  # torch.multinomial refuses an empty distribution
             return iter(())
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         draw = torch.multinomial(self.weights, self.num_samples * self.num_replicas, replacement=True, generator=g)
