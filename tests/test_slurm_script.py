@@ -148,6 +148,26 @@ def test_the_first_failing_node_is_read_from_sruns_report(tmp_path):
     assert first_task_error(tmp_path / "missing.log") == ""
 
 
+def test_a_node_whose_ranks_only_lost_their_peers_is_not_the_first_failure(tmp_path):
+    """h2's rank was SIGKILLed (no traceback); h1's ranks then failed on gloo's lost peer and
+    srun happened to report h1 first: the culprit is still h2."""
+    peer = ("[h1:r{r}] [rank{r}]: Traceback (most recent call last):\n[h1:r{r}] [rank{r}]:   File \"x.py\"\n"
+            "[h1:r{r}] [rank{r}]: RuntimeError: [pair.cc:561] Connection closed by peer [10.0.0.2]:36032.\n")
+    log = tmp_path / "output.log"
+    log.write_text("[h1:r0] epoch 0 step 2\n[h2:r2] epoch 0 step 2\n" + peer.format(r=0) + peer.format(r=1)
+                   + "srun: error: h1: task 0: Exited with exit code 1\n"
+                   + "srun: error: h2: task 1: Exited with exit code 1\n")
+    assert first_task_error(log) == "h2 (Exited with exit code 1)"
+    # a rank that raised its own error is no echo, even beside a local peer's lost connection
+    own = "[h2:r3] [rank3]: Traceback (most recent call last):\n[h2:r3] [rank3]: ValueError: planned failure\n"
+    log.write_text(peer.format(r=0) + own + "srun: error: h1: task 0: Exited with exit code 1\n"
+                   "srun: error: h2: task 1: Exited with exit code 1\n")
+    assert first_task_error(log) == "h2 (Exited with exit code 1)"
+    # every node an echo (or none printed anything): srun's order decides
+    log.write_text(peer.format(r=0) + "srun: error: h1: task 0: Exited with exit code 1\n")
+    assert first_task_error(log) == "h1 (Exited with exit code 1)"
+
+
 def test_the_dry_run_prints_the_plans_batch_script_and_the_plan_round_trips(dtrain_home):
     out = io.StringIO()
     job = JobSpec(command=["python", "train.py"])

@@ -31,12 +31,11 @@ from typing import TextIO
 from dtrain.launch.monitoring import Monitoring
 from dtrain.launch.node import MARK
 from dtrain.launch.plan import KEEPALIVE, LaunchPlan, node_command
-from dtrain.launch.summary import NodeEnd, RootCause, root_cause
+from dtrain.launch.summary import PREFIXED, NodeEnd, RootCause, root_cause
 from dtrain.launch.sync import SYNC_MISSING, for_plan
 from dtrain.launch.watchdog import Hang, Watchdog
 from dtrain.paths import open_private, private_dir
 
-_PREFIXED = re.compile(r"^\[(?P<node>[^\]:]+):r(?P<rank>\d+)\] ?(?P<text>.*)$", re.DOTALL)
 # Seconds after a node comes up when its monitor agent starts even if no rank has
 # reported yet (scripts that neither print nor call report_step early).
 AGENT_AFTER_S = 15.0
@@ -335,7 +334,7 @@ class JobSession:
                     self.monitoring.start_agent(name)
             self._marker(node, payload, now)
             return
-        m = _PREFIXED.match(line)
+        m = PREFIXED.match(line)
         if m and m.group("node") == name:
             rank, text, shown = int(m.group("rank")), m.group("text"), line
             self.monitoring.start_agent(name)  # a rank speaks: past its start-up

@@ -30,6 +30,7 @@ from dtrain.launch.plan import LaunchPlan
 from dtrain.launch.slurm import TRAINING_STEP, SlurmCluster, SlurmFacts, SlurmSpec, parse_version, secret_names
 from dtrain.launch.slurm_check import FAILED
 from dtrain.launch.spec import JobSpec
+from dtrain.launch.summary import PREFIXED, NodeEnd, root_cause
 from dtrain.launch.supervisor import spawn, write_job_file
 from dtrain.paths import job_dir
 from dtrain.signals import raising
@@ -329,16 +330,30 @@ def refresh(registry: JobRegistry, rec: JobRecord, client: SlurmClient | None = 
 
 
 def first_task_error(log: Path) -> str:
-    """'h2 (Exited with exit code 1)' from srun's first task error in the job's output,
-    or 'h2 (preflight: port: ...)' when the preflight step failed there."""
+    """'h2 (Exited with exit code 1)': the node whose task failed on its own, from srun's task
+    errors in the job's output, or 'h2 (preflight: port: ...)' when the preflight step failed.
+
+    srun reports tasks in the order they ended, and a node whose ranks only lost their peers
+    (gloo's "Connection closed by peer") can end before the node that lost a rank; so, as for
+    an SSH job (`summary.root_cause`), such echoes come after a node that failed on its own.
+    """
     try:
         text = log.read_text(errors="replace")
     except OSError:
         return ""
     if m := _PREFLIGHT_FAILED.search(text):
         return f"{m.group(1)} (preflight: {m.group(2).strip()})"
-    m = _TASK_ERROR.search(text)
-    return f"{m.group(1)} ({m.group(2).strip()})" if m else ""
+    said: dict[str, str] = {}
+    for m in _TASK_ERROR.finditer(text):
+        said.setdefault(m.group(1), m.group(2).strip())
+    if not said:
+        return ""
+    ends = {node: NodeEnd(node, exit_code=1, ended_at=float(i)) for i, node in enumerate(said)}
+    for line in text.splitlines():
+        if (m := PREFIXED.match(line)) and m.group("node") in ends:
+            ends[m.group("node")].add(int(m.group("rank")), m.group("text"))
+    cause = root_cause(list(ends.values()))
+    return f"{cause.node} ({said[cause.node]})" if cause else ""
 
 
 def stop(registry: JobRegistry, rec: JobRecord, *, wait: float, client: SlurmClient | None = None) -> JobRecord:

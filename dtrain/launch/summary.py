@@ -24,6 +24,8 @@ _PEER_ERROR = re.compile(
     r"Socket Timeout|RendezvousClosedError|RendezvousConnectionError|Signal 15 \(SIGTERM\) received",
     re.IGNORECASE,
 )
+# a worker's line as torchrun prints it with dtrain's --log-line-prefix-template: "[h2:r3] text"
+PREFIXED = re.compile(r"^\[(?P<node>[^\]:]+):r(?P<rank>\d+)\] ?(?P<text>.*)$", re.DOTALL)
 TAIL = 12
 
 
@@ -70,7 +72,14 @@ class NodeEnd:
 
     def peer_error(self) -> bool:
         rank, _ = self.failed_rank()
-        return any(_PEER_ERROR.search(ln) for ln in self.tail(rank))
+        said = any(_PEER_ERROR.search(ln) for ln in self.tail(rank))
+        if rank is not None or said:
+            return said
+        # The failing rank is unknown (under srun the agents' reports are not told apart by
+        # node): an echo when every rank of this node that raised shows a peer error. A rank
+        # killed by a signal prints no traceback, so its node is never taken for an echo.
+        raised = [r for r, lines in self.rank_lines.items() if any("Traceback (most recent call last)" in ln for ln in lines)]
+        return bool(raised) and all(any(_PEER_ERROR.search(ln) for ln in self.tail(r)) for r in raised)
 
 
 @dataclass
