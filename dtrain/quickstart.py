@@ -66,7 +66,6 @@ TRAIN = {
     # batch 16 ran at half the images per CPU-second.
     "batch_size": 32,
     "optim": {"name": "adamw", "lr": 2e-3, "weight_decay": 0.05, "warmup_steps": 30},
-    "precision": "auto",
     "channels_last": True,
     # The per-epoch validation pass costs ~15 % of the CPU budget; evaluation
     # predicts the validation split once at the end anyway.
@@ -84,7 +83,7 @@ class QuickstartOptions:
     nproc: int | None = None
     image_size: int = IMAGE_SIZE
     seed: int = SEED  # the synthetic set's and the training's
-    precision: str = "auto"  # TrainConfig.precision: auto (bf16 where the CPU/GPU has it), fp32, bf16, fp16
+    precision: str = "auto"  # TrainConfig.precision (train.config.PRECISIONS); auto: bf16 where the CPU/GPU has it
     difficulty: float = DIFFICULTY
     target_miss_rate: float = TARGET_MISS_RATE
     calibration: str = CALIBRATION

@@ -121,14 +121,10 @@ def quickstart_command(
     """The whole recipe on this machine: synthesise data (or use --data), train with DDP, evaluate, write report.json + report.html."""
     from dtrain.errors import DtrainError
     from dtrain.quickstart import QuickstartOptions, run_quickstart
+    from dtrain.train.config import PRECISIONS
 
-    from typing import get_args
-
-    from dtrain.train.config import TrainConfig
-
-    precisions = get_args(TrainConfig.model_fields["precision"].annotation)
-    if precision not in precisions:
-        raise DtrainError(f"unknown precision {precision!r}", f"choose one of {', '.join(precisions)}")
+    if precision not in PRECISIONS:
+        raise DtrainError(f"unknown precision {precision!r}", f"choose one of {', '.join(PRECISIONS)}")
     if folds == 1:
         raise DtrainError("--folds 1 holds nothing out", "use --folds 0 (the threshold from validation) or 2 and more")
     if data is not None and (images is not None or image_size is not None):

@@ -348,6 +348,7 @@ def first_task_error(log: Path) -> str:
         said.setdefault(m.group(1), m.group(2).strip())
     if not said:
         return ""
+    # every node srun named failed (any nonzero code will do for root_cause); srun's order is the time order
     ends = {node: NodeEnd(node, exit_code=1, ended_at=float(i)) for i, node in enumerate(said)}
     for line in text.splitlines():
         if (m := PREFIXED.match(line)) and m.group("node") in ends:

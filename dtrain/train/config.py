@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field
 
 from dtrain.configio import StrictModel
 from dtrain.data.config import DataConfig
 from dtrain.models.config import ModelConfig
+
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)  # for command-line checks before a config exists
 
 
 class OptimConfig(StrictModel):
@@ -31,7 +34,7 @@ class TrainConfig(StrictModel):
     grad_accum: int = Field(1, ge=1)
     # auto: bf16 autocast where the CPU has native bf16 (AMX / AVX512-BF16) or on GPU
     # (bf16 if supported, else fp16 with a grad scaler); fp32 otherwise.
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    precision: Precision = "auto"
     channels_last: bool = True
     seed: int = 0
     deterministic: bool = False
