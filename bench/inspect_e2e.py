@@ -14,7 +14,8 @@ and exports it with `dtrain export` (its defaults pick the backend). Then:
 - the naive loop: the checkpoint in eager fp32 torch, one image at a time, PIL decode
   and torchvision's Resize/ToTensor/Normalize; its start-up (imports, model load) is
   not counted. `--naive-images` caps it to the first N images (it is slow at 224 px);
-  images/s and agreement are then over those.
+  images/s, agreement and both test miss rates are then over those (the paths are
+  sorted, so N = the test split's size covers exactly the test split).
 
 Reported: images/s of both and their ratio, verdict agreement, the miss rate on the test
 split for both, dtrain inspect's stage breakdown, and images/s against the machine's

@@ -3,6 +3,7 @@ reads (behaviour only: no figure is asserted)."""
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -33,6 +34,13 @@ def test_quick_bench_on_an_existing_run(trained_checkpoint, synth_data, exported
     result = json.loads(out.read_text())
     _check(result, len(list(synth_data.rglob("*.png"))))
     assert result["naive"]["images"] == 40
+    # The inspect miss rate covers the same images as the naive loop's (the first 40 sorted
+    # paths), recomputed here from the command's own CSV.
+    with open(next(tmp_path.rglob("results.csv")), newline="") as f:
+        rows = sorted(csv.DictReader(f), key=lambda r: Path(r["path"]))[:40]
+    defective = [r for r in rows if Path(r["path"]).parent.parent.name == "test" and Path(r["path"]).parent.name != "ok"]
+    assert defective
+    assert result["inspect"]["test_miss_rate"] == sum(r["verdict"] == "ok" for r in defective) / len(defective)
     assert "verdict agreement" in proc.stdout and "peak" in proc.stdout
 
 
