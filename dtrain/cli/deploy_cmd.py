@@ -64,15 +64,15 @@ def _print_card(console, card, out: Path) -> None:
     from rich.table import Table
 
     choice = next(c for c in card.machine_choices.values() if c.source == "export")
-    table = Table(title=f"{out}: threshold {card.threshold:.4f} for a target miss rate of {card.target_miss_rate:.2%} "
+    table = Table(title=f"{out}: the checkpoint's threshold {card.threshold:.4f} for a target miss rate of {card.target_miss_rate:.2%} "
                         f"({card.threshold_rule})")
     split = next(iter(card.verification.values())).split  # every backend is verified on the same images
-    for col in ("backend", "verdict agreement", f"{split} miss rate", f"images/s @ {choice.batch}", "chosen"):
+    for col in ("backend", "threshold", "verdict agreement", f"{split} miss rate", f"images/s @ {choice.batch}", "chosen"):
         table.add_column(col)
     for row in sorted(choice.rows, key=lambda r: -(r.images_per_s or -1.0)):
         chosen = "chosen" if row.backend == choice.backend else ("" if row.eligible else row.note)
-        table.add_row(row.backend, _pct(row.verdict_agreement), _pct(row.miss_rate),
-                      "-" if row.images_per_s is None else f"{row.images_per_s:.1f}", chosen)
+        table.add_row(row.backend, "-" if row.threshold is None else f"{row.threshold:.4f}", _pct(row.verdict_agreement),
+                      _pct(row.miss_rate), "-" if row.images_per_s is None else f"{row.images_per_s:.1f}", chosen)
     console.print(table)
     console.print(f"threshold: {card.threshold_source}", highlight=False, soft_wrap=True)
     for note in card.notes:

@@ -123,7 +123,7 @@ def create_app(predictor, limits: ServeLimits | None = None) -> FastAPI:
         title="dtrain inspection service",
         version=__version__,
         description=f"Surface-defect verdicts from the {card.arch} model ({', '.join(card.classes)}); "
-        f"a part is a defect when P(defect) >= {card.threshold:.4f}.",
+        f"a part is a defect when P(defect) >= {predictor.threshold:.4f} (backend {predictor.backend}).",
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
@@ -168,7 +168,7 @@ def create_app(predictor, limits: ServeLimits | None = None) -> FastAPI:
         return InspectResponse(
             results=[ImageVerdict(filename=name, verdict=r.verdict, **{"class": r.cls}, p_defect=r.p_defect)
                      for (name, _), r in zip(blobs, results, strict=True)],
-            threshold=card.threshold,
+            threshold=predictor.threshold,
             backend=predictor.backend,
         )
 
@@ -176,7 +176,7 @@ def create_app(predictor, limits: ServeLimits | None = None) -> FastAPI:
     async def healthz() -> JSONResponse:
         if batcher.dead:
             return JSONResponse({"status": "broken", "detail": batcher.dead}, status_code=503)
-        return JSONResponse({"status": "ok", "backend": predictor.backend, "classes": card.classes, "threshold": card.threshold})
+        return JSONResponse({"status": "ok", "backend": predictor.backend, "classes": card.classes, "threshold": predictor.threshold})
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:

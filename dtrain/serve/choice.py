@@ -45,6 +45,7 @@ class BackendRow(StrictModel):
     verdict_agreement: float | None = None  # with the checkpoint: validation split at export, sample on re-check
     sample_agreement: float | None = None  # on the stored sample (the re-check compares with it)
     miss_rate: float | None = None  # validation split (export only)
+    threshold: float | None = None  # the P(defect) it decides at (model.json threshold_for)
     images_per_s: float | None = None
     eligible: bool = False  # may be chosen: agrees with the checkpoint, misses no more
     note: str = ""  # why it was not measured or not shipped
@@ -75,9 +76,12 @@ def verdict_keys(logits: np.ndarray, classes: list[str], negative_index: int | N
     return np.array([v.cls if negative_index is None else v.verdict for v in verdicts])
 
 
-def agreement(logits: np.ndarray, ref_logits: np.ndarray, classes: list[str], negative_index: int | None, threshold: float) -> float:
-    decision = (classes, negative_index, threshold)
-    return float(np.mean(verdict_keys(logits, *decision) == verdict_keys(ref_logits, *decision)))
+def agreement(logits: np.ndarray, ref_logits: np.ndarray, classes: list[str], negative_index: int | None, threshold: float,
+              own_threshold: float | None = None) -> float:
+    """Share of verdicts the backend (deciding at `own_threshold`, default the same) shares
+    with the checkpoint (deciding at `threshold`)."""
+    own = threshold if own_threshold is None else own_threshold
+    return float(np.mean(verdict_keys(logits, classes, negative_index, own) == verdict_keys(ref_logits, classes, negative_index, threshold)))
 
 
 def sample_indices(n: int, k: int = SAMPLE_IMAGES) -> np.ndarray:
@@ -144,10 +148,11 @@ def recheck(folder: Path, card: ModelCard, images: np.ndarray, ref_logits: np.nd
             rows.append(BackendRow(backend=name, note=f"cannot run here: {reason}"))
             continue
         run = backend.load(folder / network)
-        agree = agreement(run(images), ref_logits, card.classes, card.negative_index, card.threshold)
+        own = card.threshold_for(name)
+        agree = agreement(run(images), ref_logits, card.classes, card.negative_index, card.threshold, own)
         needed = before.sample_agreement if before is not None and before.sample_agreement is not None else PREFER_MIN_AGREEMENT
         ips = round(B.measure(run, batch_of(images, card.throughput_batch), min_seconds=RECHECK_SECONDS), 1)
-        rows.append(BackendRow(backend=name, verdict_agreement=agree, sample_agreement=agree, images_per_s=ips,
+        rows.append(BackendRow(backend=name, verdict_agreement=agree, sample_agreement=agree, images_per_s=ips, threshold=own,
                                eligible=agree >= needed,
                                note="" if agree >= needed else f"agrees on {agree:.1%} of the sample here, {needed:.1%} at export"))
     if not any(r.images_per_s is not None for r in rows):

@@ -11,9 +11,13 @@
    --data's val split or its own training images, and model.json says so.
 3. Every candidate backend is run over the same validation images and compared with
    the checkpoint: verdict agreement, largest |P(defect)| difference, and its miss
-   rate at that threshold. A quantised backend the export tried on its own
-   (--quantize auto) that misses more than the target is left out of the directory;
-   any other backend that does stops the export: nothing is published.
+   rate. fp32 backends decide at the checkpoint's threshold; a quantised one (int8,
+   bf16) at its own, chosen by the same rule on its own validation scores, wherever the
+   threshold was chosen on the validation split, here or by the report taken
+   (OWN_THRESHOLD; model.json backend_thresholds). At any other given threshold, a
+   quantised backend the export tried on its own (--quantize auto) that misses more
+   than the target is left out of the directory; any other backend that does stops
+   the export: nothing is published.
 4. Each candidate is timed at the serving batch size; the fastest of those that
    reproduce >= 99.5 % of the checkpoint's validation verdicts and miss no more
    defects than it is chosen (choice.py), and recorded under this machine's kind with
@@ -40,7 +44,7 @@ from dtrain.serve.choice import PREFER_MIN_AGREEMENT, BackendRow, MachineChoice,
 from dtrain.serve.given_threshold import GivenThreshold, from_number, from_report
 from dtrain.serve.machine import bf16_hardware, machine_kind
 from dtrain.serve.model_dir import ModelCard, Preprocessing, check_replaceable, publish, staging_dir, write_card
-from dtrain.serve.verify import ValData, load_val, reference_logits, verify_backend
+from dtrain.serve.verify import ValData, backend_logits, load_val, reference_logits, verify_backend
 
 Step = Callable[[str], None]
 
@@ -57,6 +61,16 @@ QUANTIZED: dict[str, tuple[str, ...]] = {
     "none": (), "int8": ("ort-int8",), "bf16": ("torch-bf16",), "auto": ("ort-int8", "torch-bf16"),
 }
 FP32_BACKENDS = ("ort-fp32", "torch-eager", "torch-compile")
+# Backends whose threshold the export chooses on their own validation scores, by the rule
+# the checkpoint's was chosen by. Quantisation shifts P(defect) systematically (int8
+# lowers the faintest defects' scores by 10-40 %, BENCHMARKS.md), and the chosen threshold
+# lies next to a validation defect's own score, so the checkpoint's threshold on a
+# quantised network's scores misses that defect: what must hold is the miss target on the
+# scores of the network that runs. fp32 backends reproduce the checkpoint's scores to
+# ~1e-6 and keep its threshold. A number (--threshold) or a report's threshold chosen on
+# out-of-fold scores (a k-fold quickstart, whose final model has no held-out images left)
+# is kept for every backend (_own_threshold_rule).
+OWN_THRESHOLD = frozenset(QUANTIZED["auto"])
 DEFAULT_TARGET_MISS_RATE = 0.005
 NO_BF16 = "this machine has no native bf16 (avx512_bf16/amx_bf16 or a GPU of compute capability 8+)"
 
@@ -122,6 +136,7 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
     else:
         threshold, threshold_rule, threshold_source = given.threshold, given.rule, given.source
     ref_miss_rate = miss_rate(p_ref, is_defect, threshold).rate
+    own_rule = _own_threshold_rule(opts, given, neg, val)
     notes = [val.note] if val.note else []
     limit, limit_text = target, f"the target {target:.2%}"
     if given is not None and ref_miss_rate > target:
@@ -140,29 +155,36 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
         written, failed = _write_networks(opts, candidates, wrapped, size, val, staged, step, may_fail=bool(droppable))
         rows += [BackendRow(backend=n, note=f"not shipped: {failed[B.get_backend(n).network]}")
                  for n in candidates if B.get_backend(n).network in failed]
-        verification, throughput = {}, {}
+        verification, throughput, own_thresholds = {}, {}, {}
         for name in [n for n in candidates if B.get_backend(n).network in written]:
             step(f"verifying {name} on {len(val.images)} validation images")
             backend = B.get_backend(name)
             run = backend.load(staged / backend.network)
-            report = verify_backend(run, val, ref, neg, threshold)
+            logits = backend_logits(run, val.images)
+            own = threshold
+            if name in OWN_THRESHOLD and own_rule is not None:
+                own = float(choose_threshold(p_defect(softmax64(logits), neg), is_defect, target, own_rule).threshold)
+                own_thresholds[name] = own
+            report = verify_backend(logits, val, ref, neg, threshold, own)
             if report.miss_rate > limit and name in droppable:
                 rows.append(BackendRow(backend=name, verdict_agreement=report.verdict_agreement, miss_rate=report.miss_rate,
-                                       note=f"not shipped: {val.split} miss rate above {limit_text}"))
+                                       threshold=own, note=f"not shipped: {val.split} miss rate above {limit_text}"))
+                own_thresholds.pop(name, None)
                 continue
-            _refuse_if_worse(name, report, limit, limit_text, threshold)
+            _refuse_if_worse(name, report, limit, limit_text, own)
             verification[name] = report
             step(f"timing {name} at batch {opts.batch}")
             throughput[name] = round(B.measure(run, batch_of(val.images, opts.batch), min_seconds=opts.measure_seconds), 1)
             why_not = _unfaithful(report, ref_miss_rate)
             rows.append(BackendRow(
                 backend=name, verdict_agreement=report.verdict_agreement, miss_rate=report.miss_rate,
-                sample_agreement=agreement(run(val.images[sample]), ref[sample], classes, neg, threshold),
-                images_per_s=throughput[name], eligible=not why_not, note=why_not,
+                sample_agreement=agreement(run(val.images[sample]), ref[sample], classes, neg, threshold, own),
+                images_per_s=throughput[name], threshold=own, eligible=not why_not, note=why_not,
             ))
         if not throughput:
             raise DtrainError("no backend could be verified for this export", f"candidates were: {', '.join(candidates)}")
         shipped = {n: B.get_backend(n).network for n in throughput}
+        notes += [_own_threshold_note(n, t, threshold) for n, t in own_thresholds.items()]
         if B.ONNX_INT8 in written and B.ONNX_INT8 not in shipped.values():
             (staged / B.ONNX_INT8).unlink()
         write_sample(staged, val.images[sample], ref[sample])
@@ -186,6 +208,7 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
             verification=verification,
             notes=notes,
             machine_choices={kind: MachineChoice(backend=chosen, source="export", batch=opts.batch, rows=rows)},
+            backend_thresholds=own_thresholds,
         )
         write_card(staged, card)
         publish(staged, out)
@@ -206,6 +229,23 @@ class Deployable(torch.nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.net((images.float() - self.shift) * self.scale)
+
+
+def _own_threshold_rule(opts: ExportOptions, given: GivenThreshold | None, neg: int | None, val: ValData) -> str | None:
+    """The rule a quantised backend's own threshold is chosen by, or None: it keeps the checkpoint's."""
+    if neg is None or val.note:  # a classifier, or no held-out images to choose on
+        return None
+    if given is None:
+        return opts.threshold_rule
+    # A report's threshold chosen on this validation split (a quickstart without k-fold) is
+    # what the export would have chosen; out-of-fold scores and bare numbers are kept as given.
+    return given.rule if given.on_validation else None
+
+
+def _own_threshold_note(name: str, own: float, threshold: float) -> str:
+    return (f"{name} decides at its own threshold {own:.4f} (the checkpoint: {threshold:.4f}), chosen by the same rule on "
+            f"its own validation scores: quantisation shifts P(defect), so the miss target is kept on the scores of the "
+            f"network that runs")
 
 
 def _given_threshold(opts: ExportOptions, meta: dict) -> GivenThreshold | None:

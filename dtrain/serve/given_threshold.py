@@ -26,6 +26,9 @@ class GivenThreshold:
     rule: str  # model.json threshold_rule
     source: str  # model.json threshold_source: where the number came from, in words
     target_miss_rate: float | None  # what it was chosen for, when the source says
+    # Chosen on the checkpoint's own validation split (a quickstart without k-fold): the
+    # export may choose a quantised backend's threshold there by the same rule and target.
+    on_validation: bool = False
 
 
 def from_number(p: float) -> GivenThreshold:
@@ -60,7 +63,8 @@ def from_report(path: Path, checkpoint: Path, meta: dict[str, Any]) -> GivenThre
     basis = report.get("threshold_basis") or {}
     rule = basis.get("calibration") or report.get("calibration") or "rate"
     source = f"{basis.get('source', 'validation split')}, rule {rule}, from {path.resolve()}"
-    return GivenThreshold(threshold=float(threshold), rule=rule, source=source, target_miss_rate=report.get("target_miss_rate"))
+    return GivenThreshold(threshold=float(threshold), rule=rule, source=source, target_miss_rate=report.get("target_miss_rate"),
+                          on_validation=basis.get("source") == "validation split" and rule in ("rate", "bound95"))
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -49,6 +49,7 @@ class Verification(StrictModel):
     max_abs_p_defect_diff: float
     miss_rate: float
     false_alarm_rate: float
+    threshold: float | None = None  # the one the backend decided at (None: written before backends had their own)
 
 
 class ModelCard(StrictModel):
@@ -76,6 +77,13 @@ class ModelCard(StrictModel):
     files: dict[str, str] = {}  # file name -> sha256, every file except model.json
     # machine kind (serve/machine.py) -> the backend chosen there and the table it was chosen by (serve/choice.py)
     machine_choices: dict[str, MachineChoice] = {}
+    # backend -> the threshold it decides at, where that is not `threshold` (the checkpoint's):
+    # a quantised network shifts P(defect), so the export chooses its threshold by the
+    # same rule on its own validation scores (export.py, OWN_THRESHOLD).
+    backend_thresholds: dict[str, float] = {}
+
+    def threshold_for(self, backend: str) -> float:
+        return self.backend_thresholds.get(backend, self.threshold)
 
     @property
     def negative_index(self) -> int | None:

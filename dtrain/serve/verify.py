@@ -96,11 +96,19 @@ def reference_logits(wrapped, images: np.ndarray) -> np.ndarray:
     return np.concatenate(out)
 
 
-def verify_backend(run, val: ValData, ref_logits: np.ndarray, negative_index: int | None, threshold: float) -> Verification:
+def backend_logits(run, images: np.ndarray) -> np.ndarray:
+    """A backend's logits over `images`, in the reference's batches."""
+    return np.concatenate([run(images[i : i + REFERENCE_BATCH]) for i in range(0, len(images), REFERENCE_BATCH)])
+
+
+def verify_backend(logits: np.ndarray, val: ValData, ref_logits: np.ndarray, negative_index: int | None, threshold: float,
+                   own_threshold: float | None = None) -> Verification:
+    """A backend's validation logits against the checkpoint's: the checkpoint decides at
+    `threshold`, the backend at `own_threshold` (default: the same)."""
     from dtrain.evaluation.metrics import false_alarm_rate, miss_rate, p_defect
     from dtrain.serve.predictor import softmax64
 
-    logits = np.concatenate([run(val.images[i : i + REFERENCE_BATCH]) for i in range(0, len(val.images), REFERENCE_BATCH)])
+    own = threshold if own_threshold is None else own_threshold
     probs_ref, probs = softmax64(ref_logits), softmax64(logits)
     p_ref, p = p_defect(probs_ref, negative_index), p_defect(probs, negative_index)
     if negative_index is None:  # a classifier: its verdict is the class (P(defect) is 1)
@@ -109,7 +117,7 @@ def verify_backend(run, val: ValData, ref_logits: np.ndarray, negative_index: in
         diff = float(np.max(np.abs(probs - probs_ref)))
     else:
         is_defect = val.labels != negative_index
-        agreement = float(np.mean((p >= threshold) == (p_ref >= threshold)))
+        agreement = float(np.mean((p >= own) == (p_ref >= threshold)))
         diff = float(np.max(np.abs(p - p_ref)))
     return Verification(
         split=val.split,
@@ -117,8 +125,9 @@ def verify_backend(run, val: ValData, ref_logits: np.ndarray, negative_index: in
         n_defective=int(is_defect.sum()),
         verdict_agreement=agreement,
         max_abs_p_defect_diff=diff,
-        miss_rate=miss_rate(p, is_defect, threshold).rate,
-        false_alarm_rate=false_alarm_rate(p, is_defect, threshold).rate,
+        miss_rate=miss_rate(p, is_defect, own).rate,
+        false_alarm_rate=false_alarm_rate(p, is_defect, own).rate,
+        threshold=own,
     )
 
 
