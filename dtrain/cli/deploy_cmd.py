@@ -55,6 +55,10 @@ def export(
         "backends": [b.strip() for b in backends.split(",") if b.strip()] if backends else None,
     }, "the command line")
     console = Console(stderr=True)
+    if not console.is_terminal:
+        # A pipe or log file has no width: 80 columns would fold the table's headers and
+        # cut backend names; a terminal keeps its own width.
+        console.width = max(console.width, 120)
     with console.status("exporting") as status:
         card = run_export(opts, step=lambda msg: status.update(msg))
     _print_card(console, card, out)

@@ -111,6 +111,7 @@ def create_app(predictor, limits: ServeLimits | None = None) -> FastAPI:
         predictor.predict, max_batch=limits.max_batch, max_wait_s=limits.max_wait_ms / 1000.0, on_batch=batch_sizes.observe
     )
     card = predictor.card
+    threshold = card.threshold_for(predictor.backend)  # a quantised backend decides at its own
     budget = DecodeBudget(limits.decode_budget_bytes)
 
     @asynccontextmanager
@@ -123,7 +124,7 @@ def create_app(predictor, limits: ServeLimits | None = None) -> FastAPI:
         title="dtrain inspection service",
         version=__version__,
         description=f"Surface-defect verdicts from the {card.arch} model ({', '.join(card.classes)}); "
-        f"a part is a defect when P(defect) >= {predictor.threshold:.4f} (backend {predictor.backend}).",
+        f"a part is a defect when P(defect) >= {threshold:.4f} (backend {predictor.backend}).",
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
@@ -168,7 +169,7 @@ def create_app(predictor, limits: ServeLimits | None = None) -> FastAPI:
         return InspectResponse(
             results=[ImageVerdict(filename=name, verdict=r.verdict, **{"class": r.cls}, p_defect=r.p_defect)
                      for (name, _), r in zip(blobs, results, strict=True)],
-            threshold=predictor.threshold,
+            threshold=threshold,
             backend=predictor.backend,
         )
 
@@ -176,7 +177,7 @@ def create_app(predictor, limits: ServeLimits | None = None) -> FastAPI:
     async def healthz() -> JSONResponse:
         if batcher.dead:
             return JSONResponse({"status": "broken", "detail": batcher.dead}, status_code=503)
-        return JSONResponse({"status": "ok", "backend": predictor.backend, "classes": card.classes, "threshold": predictor.threshold})
+        return JSONResponse({"status": "ok", "backend": predictor.backend, "classes": card.classes, "threshold": threshold})
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
