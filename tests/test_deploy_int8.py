@@ -77,18 +77,17 @@ def test_int8_decides_at_its_own_threshold(int8_case, trained_checkpoint, synth_
     card = _export(trained_checkpoint, synth_data, tmp_path / "m", case["target"])
     assert set(card.backends) == {"ort-fp32", "ort-int8"}
     assert card.threshold == pytest.approx(case["threshold"], abs=1e-9)  # the checkpoint's, for fp32
-    assert card.backend_thresholds["ort-int8"] == pytest.approx(case["own"], abs=1e-6)
+    assert card.threshold_for("ort-int8") == pytest.approx(case["own"], abs=1e-6)
     assert card.threshold_for("ort-fp32") == card.threshold
     check = card.verification["ort-int8"]
     assert check.miss_rate <= case["target"] and check.max_abs_p_defect_diff > 0
-    assert check.threshold == card.backend_thresholds["ort-int8"]
     assert any("ort-int8 decides at its own threshold" in n for n in card.notes)
     assert load_card(tmp_path / "m").files.keys() == {"model.onnx", "model.int8.onnx", "recheck_sample.npz"}
     # The int8 file is the quantised one: far smaller than fp32.
     assert (tmp_path / "m" / "model.int8.onnx").stat().st_size < (tmp_path / "m" / "model.onnx").stat().st_size / 2
     # Inspection on int8 calls a part defective at int8's threshold, not the checkpoint's.
     predictor = Predictor(tmp_path / "m", "ort-int8")
-    assert predictor.threshold == card.backend_thresholds["ort-int8"]
+    assert predictor.threshold == card.threshold_for("ort-int8")
     lo, hi = sorted((case["own"], case["threshold"]))
     between = np.flatnonzero((case["p_q"] >= lo) & (case["p_q"] < hi))
     assert between.size, "no validation image scores between the two thresholds"
@@ -122,7 +121,7 @@ def test_default_export_leaves_out_an_int8_that_breaks_a_given_threshold(int8_ca
     card = export(ExportOptions(checkpoint=str(trained_checkpoint), out=str(out), format="onnx", data=str(synth_data),
                                 target_miss_rate=case["target"], threshold=float(case["threshold"]), measure_seconds=0.2))
     assert set(card.backends) == {"ort-fp32"} and card.preferred_backend == "ort-fp32"
-    assert card.backend_thresholds == {}
+    assert card.threshold_for("ort-fp32") == card.threshold and not any("its own threshold" in n for n in card.notes)
     assert not (out / "model.int8.onnx").exists() and "model.int8.onnx" not in card.files
     (row,) = [r for c in card.machine_choices.values() for r in c.rows if r.backend == "ort-int8"]
     assert row.miss_rate > case["target"] and "not shipped" in row.note and row.images_per_s is None
@@ -142,5 +141,5 @@ def test_a_reports_validation_threshold_lets_int8_choose_its_own(int8_case, trai
     assert card.threshold_rule == "rate" and card.target_miss_rate == case["target"]
     assert card.threshold == pytest.approx(case["threshold"], abs=1e-5)
     assert "ort-int8" in card.backends
-    assert card.backend_thresholds["ort-int8"] == pytest.approx(case["own"], abs=1e-6)
+    assert card.threshold_for("ort-int8") == pytest.approx(case["own"], abs=1e-6)
     assert card.verification["ort-int8"].miss_rate <= case["target"]

@@ -14,7 +14,7 @@
    rate. fp32 backends decide at the checkpoint's threshold; a quantised one (int8,
    bf16) at its own, chosen by the same rule on its own validation scores, wherever the
    threshold was chosen on the validation split, here or by the report taken
-   (OWN_THRESHOLD; model.json backend_thresholds). At any other given threshold, a
+   (OWN_THRESHOLD; model.json verification.BACKEND.threshold). At any other given threshold, a
    quantised backend the export tried on its own (--quantize auto) that misses more
    than the target is left out of the directory; any other backend that does stops
    the export: nothing is published.
@@ -155,24 +155,25 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
         written, failed = _write_networks(opts, candidates, wrapped, size, val, staged, step, may_fail=bool(droppable))
         rows += [BackendRow(backend=n, note=f"not shipped: {failed[B.get_backend(n).network]}")
                  for n in candidates if B.get_backend(n).network in failed]
-        verification, throughput, own_thresholds = {}, {}, {}
+        verification, throughput = {}, {}
         for name in [n for n in candidates if B.get_backend(n).network in written]:
             step(f"verifying {name} on {len(val.images)} validation images")
             backend = B.get_backend(name)
             run = backend.load(staged / backend.network)
             logits = backend_logits(run, val.images)
+            chooses_own = name in OWN_THRESHOLD and own_rule is not None
             own = threshold
-            if name in OWN_THRESHOLD and own_rule is not None:
+            if chooses_own:
                 own = float(choose_threshold(p_defect(softmax64(logits), neg), is_defect, target, own_rule).threshold)
-                own_thresholds[name] = own
             report = verify_backend(logits, val, ref, neg, threshold, own)
             if report.miss_rate > limit and name in droppable:
                 rows.append(BackendRow(backend=name, verdict_agreement=report.verdict_agreement, miss_rate=report.miss_rate,
                                        threshold=own, note=f"not shipped: {val.split} miss rate above {limit_text}"))
-                own_thresholds.pop(name, None)
                 continue
             _refuse_if_worse(name, report, limit, limit_text, own)
-            verification[name] = report
+            verification[name] = report  # its threshold is the one it decides at (ModelCard.threshold_for)
+            if chooses_own:
+                notes.append(_own_threshold_note(name, own, threshold))
             step(f"timing {name} at batch {opts.batch}")
             throughput[name] = round(B.measure(run, batch_of(val.images, opts.batch), min_seconds=opts.measure_seconds), 1)
             why_not = _unfaithful(report, ref_miss_rate)
@@ -184,7 +185,6 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
         if not throughput:
             raise DtrainError("no backend could be verified for this export", f"candidates were: {', '.join(candidates)}")
         shipped = {n: B.get_backend(n).network for n in throughput}
-        notes += [_own_threshold_note(n, t, threshold) for n, t in own_thresholds.items()]
         if B.ONNX_INT8 in written and B.ONNX_INT8 not in shipped.values():
             (staged / B.ONNX_INT8).unlink()
         write_sample(staged, val.images[sample], ref[sample])
@@ -208,7 +208,6 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
             verification=verification,
             notes=notes,
             machine_choices={kind: MachineChoice(backend=chosen, source="export", batch=opts.batch, rows=rows)},
-            backend_thresholds=own_thresholds,
         )
         write_card(staged, card)
         publish(staged, out)

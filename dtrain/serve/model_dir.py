@@ -72,18 +72,17 @@ class ModelCard(StrictModel):
     preferred_backend: str
     throughput_images_per_s: dict[str, float]
     throughput_batch: int
-    verification: dict[str, Verification]  # keyed by network file
+    verification: dict[str, Verification]  # keyed by backend name
     notes: list[str] = []  # what a reader must know about the verification (e.g. it ran on training images)
     files: dict[str, str] = {}  # file name -> sha256, every file except model.json
     # machine kind (serve/machine.py) -> the backend chosen there and the table it was chosen by (serve/choice.py)
     machine_choices: dict[str, MachineChoice] = {}
-    # backend -> the threshold it decides at, where that is not `threshold` (the checkpoint's):
-    # a quantised network shifts P(defect), so the export chooses its threshold by the
-    # same rule on its own validation scores (export.py, OWN_THRESHOLD).
-    backend_thresholds: dict[str, float] = {}
 
     def threshold_for(self, backend: str) -> float:
-        return self.backend_thresholds.get(backend, self.threshold)
+        """The P(defect) threshold `backend` decides at: its verification's (a quantised
+        backend's own, export.py OWN_THRESHOLD), else the checkpoint's (older directories)."""
+        check = self.verification.get(backend)
+        return self.threshold if check is None or check.threshold is None else check.threshold
 
     @property
     def negative_index(self) -> int | None:
