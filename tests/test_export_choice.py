@@ -213,3 +213,26 @@ def test_torch_backends_say_they_cannot_run_without_torch():
     reasons = json.loads(proc.stdout)
     assert reasons["ort-fp32"] is None and reasons["ort-int8"] is None
     assert all(reasons[n] == "torch is not installed" for n in ("torch-eager", "torch-compile", "torch-bf16"))
+
+
+def test_a_backend_left_out_for_disagreeing_says_which_way_and_why():
+    import numpy as np
+
+    from dtrain.serve.verify import describe_disagreement
+
+    # 1000 validation images, threshold 0.1: 400 defects far above it, 600 OK parts of
+    # which 50 score 0.08, within a factor 3 of it (in odds).
+    p_ref = np.concatenate([np.full(400, 0.9), np.full(550, 0.001), np.full(50, 0.08)])
+    is_defect = np.arange(1000) < 400
+    p = p_ref.copy()
+    p[950:958] = 0.12  # 8 close OK parts pushed over the threshold: rejected by the backend
+    p[:2] = 0.05  # 2 defects pushed under it: passed by the backend
+    note = describe_disagreement("ort-int8", p, p_ref, is_defect, threshold=0.1, own=0.1, needed=0.995)
+    assert "differ from the checkpoint's on 10 of 1000 validation images (5 may for 99.5% agreement)" in note
+    assert "it rejects 8 the checkpoint passes and passes 2 it rejects" in note
+    assert "50 OK parts score within a factor 3 of the threshold" in note
+    assert "--backends ort-int8" in note
+    # A backend at its own threshold is compared with the checkpoint at its own.
+    halved = p_ref / (2 - p_ref)  # every score's odds halved
+    same = describe_disagreement("ort-int8", halved, p_ref, is_defect, threshold=0.1, own=0.1 / 1.9, needed=0.995)
+    assert "on 0 of 1000" in same and "by a factor 2.00" in same

@@ -44,7 +44,7 @@ from dtrain.serve.choice import PREFER_MIN_AGREEMENT, BackendRow, MachineChoice,
 from dtrain.serve.given_threshold import GivenThreshold, from_number, from_report
 from dtrain.serve.machine import bf16_hardware, machine_kind
 from dtrain.serve.model_dir import ModelCard, Preprocessing, check_replaceable, publish, staging_dir, write_card
-from dtrain.serve.verify import ValData, backend_logits, load_val, reference_logits, verify_backend
+from dtrain.serve.verify import ValData, backend_logits, describe_disagreement, load_val, reference_logits, verify_backend
 
 Step = Callable[[str], None]
 
@@ -177,6 +177,9 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
             step(f"timing {name} at batch {opts.batch}")
             throughput[name] = round(B.measure(run, batch_of(val.images, opts.batch), min_seconds=opts.measure_seconds), 1)
             why_not = _unfaithful(report, ref_miss_rate)
+            if why_not and name in droppable and neg is not None and report.verdict_agreement < PREFER_MIN_AGREEMENT:
+                notes.append(describe_disagreement(name, p_defect(softmax64(logits), neg), p_ref, is_defect, threshold, own,
+                                                   PREFER_MIN_AGREEMENT))
             rows.append(BackendRow(
                 backend=name, verdict_agreement=report.verdict_agreement, miss_rate=report.miss_rate,
                 sample_agreement=agreement(run(val.images[sample]), ref[sample], classes, neg, threshold, own),

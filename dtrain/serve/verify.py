@@ -131,6 +131,33 @@ def verify_backend(logits: np.ndarray, val: ValData, ref_logits: np.ndarray, neg
     )
 
 
+def describe_disagreement(name: str, p: np.ndarray, p_ref: np.ndarray, is_defect: np.ndarray, threshold: float,
+                          own: float, needed: float) -> str:
+    """Why a backend's validation verdicts left the checkpoint's, for the export's notes:
+    which way they flipped, how far it moves scores, and how crowded the threshold is.
+
+    On the networks measured (BENCHMARKS.md, "Session 9"), int8 moves each score's odds by
+    ~25 % whatever the quantiser settings; the flips are OK parts that sit near the
+    threshold, so their number, not the quantiser, decides the agreement.
+    """
+    mine, ref = p >= own, p_ref >= threshold
+    n, differ = len(p), int(np.sum(mine != ref))
+    rejects = int(np.sum(mine & ~ref))
+    allowed = int(np.floor((1 - needed) * n + 1e-9))
+
+    def log_odds(x):
+        x = np.clip(np.asarray(x, dtype=np.float64), 1e-12, 1 - 1e-12)
+        return np.log(x) - np.log1p(-x)
+
+    moved = float(np.exp(np.sqrt(np.mean((log_odds(p) - log_odds(p_ref)) ** 2))))
+    crowded = int(np.sum(~is_defect & (np.abs(log_odds(p_ref) - log_odds(threshold)) < np.log(3))))
+    return (f"{name} not chosen: its verdicts differ from the checkpoint's on {differ} of {n} validation images "
+            f"({allowed} may for {needed:.1%} agreement): it rejects {rejects} the checkpoint passes and passes "
+            f"{differ - rejects} it rejects. It moves a score's odds by a factor {moved:.2f} (root mean square), and "
+            f"{crowded} OK parts score within a factor 3 of the threshold: a network with fewer OK parts that close "
+            f"(trained on more distinct images) keeps its verdicts under {name}; to ship it anyway: --backends {name}")
+
+
 def calibration_sample(images: np.ndarray, limit: int, seed: int = 0) -> np.ndarray:
     """The default int8 calibration set: a fixed random sample of up to `limit` of the
     validation images (already in memory; only activation ranges are taken from them)."""
