@@ -18,7 +18,8 @@ and exports it with `dtrain export` (its defaults pick the backend). Then:
   sorted, so N = the test split's size covers exactly the test split).
 
 Reported: images/s of both and their ratio, verdict agreement, the miss rate on the test
-split for both, dtrain inspect's stage breakdown, and images/s against the machine's
+split for both (and, paired image by image, which test defects each one misses, with the
+exact McNemar p-value), dtrain inspect's stage breakdown, and images/s against the machine's
 limit: FLOPs per image (multiply-adds x 2 of every Conv/Gemm/MatMul in the ONNX graph)
 x images/s vs the cores' fp32 peak (see `cpu_peak`). Always say the load: the numbers
 of a shared machine are lower bounds.
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
@@ -121,6 +123,20 @@ def miss_rate(verdicts: dict[str, str], data: Path) -> float | None:
     if not defective:
         return None
     return sum(verdicts[p] == "ok" for p in defective) / len(defective)
+
+
+def paired_misses(inspect: dict[str, str], naive: dict[str, str], data: Path) -> dict:
+    """The test defects each contender misses, paired image by image: a miss rate differing
+    by one or two images says nothing on its own, so also the exact McNemar test (two-sided
+    binomial on the discordant pairs): p near 1 = no evidence that the miss rates differ."""
+    defective = [p for p in naive if Path(p).parent.parent.name == "test" and Path(p).parent.name != NEGATIVE]
+    both = sum(inspect[p] == "ok" and naive[p] == "ok" for p in defective)
+    only_inspect = sum(inspect[p] == "ok" and naive[p] != "ok" for p in defective)
+    only_naive = sum(inspect[p] != "ok" and naive[p] == "ok" for p in defective)
+    n, k = only_inspect + only_naive, min(only_inspect, only_naive)
+    p_value = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
+    return {"defective": len(defective), "missed_by_both": both, "missed_by_inspect_only": only_inspect,
+            "missed_by_naive_only": only_naive, "mcnemar_p": p_value}
 
 
 def onnx_flops(model_file: Path) -> float:
@@ -238,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         "naive": {"seconds": naive_s, "images": len(naive_paths), "images_per_s": naive_ips, "threads": args.naive_threads,
                   "test_miss_rate": miss_rate(naive_verdicts, data)},
         "ratio": inspect_ips / naive_ips, "verdict_agreement": agreement,
+        "test_misses_paired": paired_misses(inspect_verdicts, naive_verdicts, data),
         "flops_per_image": flops, "backend_peak_flops": peak, "fp32_peak_flops": fp32_peak, "cpu": peak_desc,
     }
     if flops:
@@ -253,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{naive_s:.1f} s, {naive_ips:.0f} images/s")
     print(f"  ratio {result['ratio']:.2f}x, verdict agreement {agreement:.2%}, test miss rate "
           f"inspect {result['inspect']['test_miss_rate']} / naive {result['naive']['test_miss_rate']}")
+    pm = result["test_misses_paired"]
+    print(f"  test defects missed ({pm['defective']}): by both {pm['missed_by_both']}, by dtrain inspect only "
+          f"{pm['missed_by_inspect_only']}, by the naive loop only {pm['missed_by_naive_only']}; exact McNemar p = {pm['mcnemar_p']:.2f}")
     if flops:
         print(f"  {flops / 1e6:.1f} MFLOP per image: inspect {result['inspect']['gflops']:.1f} GFLOP/s "
               f"({result['inspect']['share_of_peak']:.1%} of {backend}'s peak, {peak / 1e9:.0f}), "
