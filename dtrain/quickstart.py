@@ -127,12 +127,13 @@ def recipe_config(
     from dtrain.recipe import budget
     from dtrain.recipe.decide import Decision, as_config, epochs, input_side, network, notes, plan
     from dtrain.recipe.folds import plan_folds
-    from dtrain.recipe.stats import detect_layout, gather
+    from dtrain.recipe.stats import describe_layout, detect_layout, gather
 
     layout = detect_layout(data_dir)
-    data = DataConfig(root=str(data_dir), layout=layout)
+    data = DataConfig(root=str(data_dir), **layout)
     stats = gather(data)
-    print(f"recipe: {stats.n_train} training images in {len(stats.classes)} classes ({layout} layout)", file=stream)
+    print(f"recipe: {stats.n_train} training images in {len(stats.classes)} classes ({describe_layout(layout)})",
+          file=stream)
     labelled = {c: stats.train_counts.get(c, 0) + stats.val_counts.get(c, 0) for c in stats.classes}
     val_defective = sum(v for c, v in stats.val_counts.items() if c != stats.negative_class)
     folds = plan_folds(val_defective, labelled, stats.negative_class, opts.target_miss_rate)
@@ -162,7 +163,7 @@ def recipe_config(
     for note in remarks:
         print(f"recipe: note: {note}", file=stream)
     cfg = _merged(TRAIN, as_config(decisions[:-1]))
-    cfg["data"].update(root=str(data_dir), layout=layout)
+    cfg["data"].update(root=str(data_dir), **layout)
     cfg.update(seed=opts.seed, precision=opts.precision, output_dir=str(output_dir))
     listed = [{"field": d.field, "value": d.value, "reason": d.reason} for d in decisions]
     return Recipe(cfg, listed, remarks, data, k, epochs_for)

@@ -104,6 +104,62 @@ def test_mvtec_without_category_lists_the_categories(synth_data, tmp_path):
     assert "metal_plate" in str(err.value) and "other_part" in str(err.value)
 
 
+def _class_folders(src: Path, dst: Path) -> dict[str, int]:
+    """src's train + val + test images as dst/<class>/* (no split folders): class -> count."""
+    counts = {}
+    for cls_dir in sorted((src / "train").iterdir()):
+        (dst / cls_dir.name).mkdir(parents=True)
+        for split in ("train", "val", "test"):
+            for p in sorted((src / split / cls_dir.name).glob("*.png")):
+                (dst / cls_dir.name / f"{split}_{p.name}").symlink_to(p)
+        counts[cls_dir.name] = len(list((dst / cls_dir.name).iterdir()))
+    return counts
+
+
+def test_classfolders_layout_splits_every_class_by_the_shares_seeded(synth_data, tmp_path):
+    counts = _class_folders(synth_data, tmp_path / "flat")
+    (tmp_path / "flat" / "notes").mkdir()  # a folder without images is not a class
+    cfg = DataConfig(root=str(tmp_path / "flat"), layout="classfolders", image_size=32)
+    splits = {s: open_split(cfg, s, train=False) for s in ("train", "val", "test")}
+    assert all(ds.classes == sorted(counts) for ds in splits.values())
+    parts = [set(ds.paths) for ds in splits.values()]
+    assert sum(map(len, parts)) == len(set.union(*parts)) == sum(counts.values())  # disjoint, nothing lost
+    for i, name in enumerate(sorted(counts)):
+        n_val = sum(t == i for t in splits["val"].targets)
+        n_test = sum(t == i for t in splits["test"].targets)
+        assert n_val == round(counts[name] * 0.2) and n_test == round(counts[name] * 0.2)  # stratified per class
+    assert open_split(cfg, "val", train=False).paths == splits["val"].paths
+    reseeded = open_split(cfg.model_copy(update={"split_seed": 1}), "val", train=False)
+    assert reseeded.paths != splits["val"].paths and len(reseeded) == len(splits["val"])
+    shares = open_split(cfg.model_copy(update={"split_fractions": (0.5, 0.5, 0.0)}), "test", train=False)
+    assert len(shares) == 0
+    with pytest.raises(ValueError, match="sum to 1"):
+        DataConfig(layout="classfolders", split_fractions=(0.6, 0.3, 0.3))
+    img, _ = splits["train"][0]
+    assert img.shape == (3, 32, 32)
+
+
+def test_val_carved_from_train_when_there_is_no_val_folder(synth_data, tmp_path):
+    root = tmp_path / "data"
+    for split in ("train", "test"):
+        shutil.copytree(synth_data / split, root / split)
+    (root / "val" / "ghost").mkdir(parents=True)  # with val carved out of train, never read
+    cfg = DataConfig(root=str(root), image_size=32, val_from_train=0.25)
+    train, val, test = (open_split(cfg, s, train=False) for s in ("train", "val", "test"))
+    assert train.classes == val.classes == test.classes == sorted(CLASSES)
+    whole = open_split(cfg.model_copy(update={"val_from_train": 0.0}), "train", train=False)
+    assert not set(train.paths) & set(val.paths) and set(train.paths) | set(val.paths) == set(whole.paths)
+    assert abs(len(val) - 0.25 * len(whole)) <= len(CLASSES)
+    assert test.paths == open_split(cfg.model_copy(update={"val_from_train": 0.0}), "test", train=False).paths
+
+
+def test_a_missing_split_folder_names_the_classfolders_layout(synth_data, tmp_path):
+    _class_folders(synth_data, tmp_path / "flat")
+    with pytest.raises(DtrainError, match="split 'train' not found") as err:
+        open_split(DataConfig(root=str(tmp_path / "flat"), image_size=32), "train", train=False)
+    assert "data.layout=classfolders" in err.value.hint
+
+
 def _corrupt_copy(synth_data: Path, tmp_path: Path) -> tuple[Path, list[str]]:
     root = tmp_path / "data"
     shutil.copytree(synth_data / "val", root / "val")

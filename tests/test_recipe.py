@@ -4,6 +4,7 @@ and `dtrain quickstart --data ROOT` end to end (tiny)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 
 import numpy as np
@@ -103,13 +104,25 @@ def test_layout_detection(synth_data, tmp_path):
     from dtrain.errors import DtrainError
     from dtrain.recipe.stats import detect_layout
 
-    assert detect_layout(synth_data) == "imagefolder"
+    assert detect_layout(synth_data) == {"layout": "imagefolder", "val_split": "val"}
     (tmp_path / "bottle" / "train" / "good").mkdir(parents=True)
-    assert detect_layout(tmp_path) == "mvtec" and detect_layout(tmp_path / "bottle") == "mvtec"
-    with pytest.raises(DtrainError, match="neither ImageFolder"):
-        detect_layout(tmp_path / "bottle" / "train")
+    assert detect_layout(tmp_path) == {"layout": "mvtec"} and detect_layout(tmp_path / "bottle") == {"layout": "mvtec"}
+    with pytest.raises(DtrainError, match="none of: ImageFolder"):
+        detect_layout(tmp_path / "bottle" / "train")  # one empty class folder: nothing to train on
     with pytest.raises(DtrainError, match="not found"):
         detect_layout(tmp_path / "absent")
+    other = tmp_path / "other"
+    for split, cls in (("train", "crack"), ("valid", "crack"), ("test", "crack")):
+        (other / split / cls).mkdir(parents=True)
+    assert detect_layout(other) == {"layout": "imagefolder", "val_split": "valid"}
+    (other / "valid" / "crack").rmdir()
+    (other / "valid").rmdir()
+    assert detect_layout(other) == {"layout": "imagefolder", "val_from_train": 0.25}
+    flat = tmp_path / "flat"
+    for cls in ("ok", "dent"):
+        (flat / cls).mkdir(parents=True)
+        shutil.copy(next((synth_data / "train" / cls).glob("*.png")), flat / cls / "a.png")
+    assert detect_layout(flat) == {"layout": "classfolders"}
 
 
 def test_sqrt_inverse_loss_weights():
@@ -143,3 +156,26 @@ def test_quickstart_data_decides_trains_and_reports(synth_data, tmp_path, dtrain
     assert {d["field"] for d in report["recipe"]} >= {"data.image_size", "epochs", "loss_class_weights", "keep_best"}
     assert "<h2>Recipe</h2>" in (work / "report.html").read_text()
     assert not (work / "data").exists()  # nothing synthesised
+
+
+@pytest.mark.slow
+def test_quickstart_data_on_bare_class_folders_splits_trains_and_reports(synth_data, tmp_path, dtrain_cmd, dtrain_home):
+    """ROOT/<class>/* without split folders: the recipe splits it, and evaluation reads the
+    same test split back from the checkpoint's config."""
+    flat = tmp_path / "flat"
+    for cls_dir in sorted((synth_data / "train").iterdir()):
+        (flat / cls_dir.name).mkdir(parents=True)
+        for split in ("train", "val", "test"):
+            for p in (synth_data / split / cls_dir.name).glob("*.png"):
+                shutil.copy(p, flat / cls_dir.name / f"{split}_{p.name}")
+    work = tmp_path / "qs"
+    argv = [*dtrain_cmd, "quickstart", "--data", str(flat), "--workdir", str(work), "--epochs", "1", "--nproc", "1",
+            "--folds", "0", "--budget-minutes", "6000"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "every class split 60/20/20 % into train/val/test" in proc.stdout
+    cfg = yaml.safe_load((work / "train.yaml").read_text())
+    assert cfg["data"]["layout"] == "classfolders" and cfg["data"]["root"] == str(flat)
+    report = json.loads((work / "report.json").read_text())
+    total = sum(1 for _ in flat.glob("*/*.png"))
+    assert abs(report["n_images"] - 0.2 * total) <= len(list(flat.iterdir())), report["n_images"]

@@ -78,7 +78,7 @@ def push(
     src: str = typer.Argument(..., help="Local data set folder (ImageFolder / MVTec / `dtrain data synth` output)."),
     dest: str = typer.Argument(..., help="Where to put the shards: a path, NAS mount or s3://bucket/prefix."),
     shard_size: str = typer.Option("256MB", "--shard-size", help="Target size of one shard (e.g. 256MB, 1GiB)."),
-    layout: str = typer.Option("imagefolder", "--layout", help="Source layout: imagefolder or mvtec."),
+    layout: str = typer.Option("imagefolder", "--layout", help="Source layout: imagefolder, classfolders or mvtec."),
     category: str | None = typer.Option(None, "--category", help="MVTec-AD category folder under SRC."),
     negative_class: str = typer.Option("ok", "--negative-class", help="The class of defect-free parts."),
     split: list[str] = typer.Option([], "--split", help="Only these splits (default: train, val, test if present)."),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from dtrain.configio import StrictModel
 
@@ -13,7 +13,7 @@ class DataConfig(StrictModel):
     # A local directory, NAS mount, or storage URL (s3://bucket/prefix). URLs and
     # `layout: shards` are read through dtrain.data.shards.
     root: str = "data/defects"
-    layout: Literal["imagefolder", "mvtec", "shards"] = "imagefolder"
+    layout: Literal["imagefolder", "classfolders", "mvtec", "shards"] = "imagefolder"
     # MVTec-AD: the category folder under root (e.g. "metal_nut").
     category: str | None = None
     # The class of defect-free parts, which a "miss" is measured against (a defective
@@ -40,6 +40,15 @@ class DataConfig(StrictModel):
     split_seed: int = 0
     mvtec_val_fraction: float = Field(0.3, gt=0, lt=1)
     mvtec_train_fraction: float = Field(0.0, ge=0, lt=1)
+    # classfolders (ROOT/<class>/*, no split folders: how a plant's labelled photos usually
+    # arrive): every class is cut into these train/val/test shares of a seeded shuffle, so
+    # a rare class has images in every split. Val gets a fifth (not the usual tenth): the
+    # threshold and its miss-rate bound rest on val's defects, and their count bounds how
+    # small a miss rate can be shown.
+    split_fractions: tuple[float, float, float] = (0.6, 0.2, 0.2)
+    # imagefolder with train/ and test/ but no val/: this share of every train class becomes
+    # val (seeded, as above), and the val folder is not read.
+    val_from_train: float = Field(0.0, ge=0, lt=1)
     # Decode + resize every image once into one uint8 tensor (small sets only:
     # N * 3 * S * S bytes); workers then only augment.
     cache_decoded: bool = False
@@ -50,3 +59,10 @@ class DataConfig(StrictModel):
     # fsspec options for root, e.g. {endpoint_url: "http://minio:9000"}. No credentials
     # here (the config is saved in every checkpoint): use the AWS environment/config.
     storage_options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("split_fractions")
+    @classmethod
+    def _shares(cls, v: tuple[float, float, float]) -> tuple[float, float, float]:
+        if min(v) < 0 or v[0] <= 0 or abs(sum(v) - 1) > 1e-6:
+            raise ValueError(f"train, val and test shares must be >= 0 (train > 0) and sum to 1, got {list(v)}")
+        return v

@@ -2,7 +2,11 @@
 
 A layout is a function `(cfg, split) -> Listing`, registered by name in `LAYOUTS`.
 
-- `imagefolder`: ROOT/<split>/<class>/*.png (what `dtrain data synth` writes).
+- `imagefolder`: ROOT/<split>/<class>/*.png (what `dtrain data synth` writes). Without a
+  val folder, `data.val_from_train` > 0 carves val out of train, per class, seeded.
+- `classfolders`: ROOT/<class>/* with no split folders (torchvision's ImageFolder, and how
+  a plant's labelled photos usually arrive): every class is cut into
+  `data.split_fractions` (train, val, test) of a seeded shuffle.
 - `mvtec` (MVTec-AD): ROOT/<category>/train/good/*, ROOT/<category>/test/<defect>/*.
   MVTec has no validation split, so one is carved out of `test`: per class, the sorted
   file list is shuffled with a seed derived from (`data.split_seed`, class name) and the
@@ -10,6 +14,10 @@ A layout is a function `(cfg, split) -> Listing`, registered by name in `LAYOUTS
   classifier never sees a defect in MVTec's own `train`; `data.mvtec_train_fraction`
   (default 0: the official protocol) moves that share of every test class into train,
   taken before the val carve so the three splits never overlap.
+
+Every carve is per class, from the class's sorted file list shuffled with a seed of
+(`data.split_seed`, class name): the same split in every process, run and machine, and a
+rare class keeps images in each split.
 
 Classes are the sorted union of the class folders of all splits, so every split of one
 data set agrees on the label numbering. An empty split name (`val_split: ""`) means the
@@ -98,22 +106,63 @@ def imagefolder(cfg: DataConfig, split: str) -> Listing:
     root = Path(cfg.root)
     _require_dir(root, "data directory")
     split_dir = root / split
+    carve = cfg.val_from_train > 0 and split in (cfg.train_split, cfg.val_split)
+    if carve:  # train and val both come from the train folder; the val folder is not read
+        split_dir = root / cfg.train_split
     if not split_dir.is_dir():
         found = ", ".join(_class_dirs(root)) or "nothing"
         raise DtrainError(
             f"split '{split}' not found: {split_dir} is missing (found: {found})",
-            f"expected ROOT/<split>/<class>/*.png; `dtrain data synth {root}` writes that layout",
+            f"expected ROOT/<split>/<class>/*.png; `dtrain data synth {root}` writes that layout; for "
+            "ROOT/<class>/* without split folders set data.layout=classfolders",
         )
     classes: set[str] = set()
     # "" is "no such split"; root / "" would be the root itself, its split folders as classes.
-    for name in {cfg.train_split, cfg.val_split, cfg.test_split, split} - {""}:
+    # With val carved out of train, a val folder is never read, not even for class names, so
+    # that every split numbers the classes alike.
+    unread = {"", cfg.val_split if cfg.val_from_train > 0 else ""}
+    for name in {cfg.train_split, cfg.val_split, cfg.test_split, split} - unread:
         if (root / name).is_dir():
             classes.update(_class_dirs(root / name))
     if not classes:
         raise DtrainError(f"no class folders in {split_dir}", "put each class's images in ROOT/<split>/<class>/")
     ordered = sorted(classes)
     files = {name: _images_in(split_dir / name) for name in ordered if (split_dir / name).is_dir()}
+    if carve:
+        shares = (1 - cfg.val_from_train, cfg.val_from_train, 0.0)
+        part = 0 if split == cfg.train_split else 1
+        files = {name: _carve(found, cfg.split_seed, name, shares)[part] for name, found in files.items()}
     return _listing(ordered, cfg.negative_class, root, files)
+
+
+def _carve(files: list[Path], seed: int, name: str, shares: tuple[float, float, float]) -> tuple[list[Path], ...]:
+    """One class's files -> (train, val, test) by `shares` of a seeded shuffle; val and test
+    round to the nearest image, train keeps the rest (so a class of 3 still trains)."""
+    pool = _shuffled(files, seed, name)
+    n_val, n_test = round(len(pool) * shares[1]), round(len(pool) * shares[2])
+    if n_val + n_test >= len(pool):  # a tiny class: train first, then val
+        n_val, n_test = min(n_val, max(len(pool) - 1, 0)), 0
+    n_train = len(pool) - n_val - n_test
+    return sorted(pool[:n_train]), sorted(pool[n_train:n_train + n_val]), sorted(pool[n_train + n_val:])
+
+
+def class_folders_with_images(root: Path) -> list[str]:
+    """ROOT's sub-folders that directly hold images (the classes of a classfolders layout)."""
+    return [name for name in _class_dirs(root) if _images_in(root / name)]
+
+
+def classfolders(cfg: DataConfig, split: str) -> Listing:
+    root = Path(cfg.root)
+    _require_dir(root, "data directory")
+    roles = {name: i for i, name in enumerate((cfg.train_split, cfg.val_split, cfg.test_split)) if name}
+    if split not in roles:
+        raise DtrainError(f"unknown split '{split}' for a classfolders data set", f"valid splits: {', '.join(roles)}")
+    classes = class_folders_with_images(root)
+    if not classes:
+        raise DtrainError(f"no class folders with images in {root}", "put each class's images in ROOT/<class>/")
+    files = {name: _carve(_images_in(root / name), cfg.split_seed, name, cfg.split_fractions)[roles[split]]
+             for name in classes}
+    return _listing(classes, cfg.negative_class, root, files)
 
 
 def _mvtec_base(cfg: DataConfig) -> Path:
@@ -172,5 +221,6 @@ def mvtec(cfg: DataConfig, split: str) -> Listing:
 
 LAYOUTS: dict[str, Callable[[DataConfig, str], Listing]] = {
     "imagefolder": imagefolder,
+    "classfolders": classfolders,
     "mvtec": mvtec,
 }

@@ -79,7 +79,8 @@ def run_config(cfg: dict[str, Any], root: Path, n_epochs: int, output_dir: Path)
     and no val split: a fold's held-out part is predicted after training) and epochs."""
     out = copy.deepcopy(cfg)
     # test_split stays: `dtrain eval CHECKPOINT DATA --threshold-scores` reads it from the checkpoint.
-    out["data"].update(root=str(root), layout="imagefolder", category=None, train_split="train", val_split="")
+    out["data"].update(root=str(root), layout="imagefolder", category=None, train_split="train", val_split="",
+                       val_from_train=0.0)
     out.update(epochs=n_epochs, output_dir=str(output_dir))
     return out
 

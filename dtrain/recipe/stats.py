@@ -16,6 +16,7 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -59,18 +60,50 @@ class DataStats:
         return int(statistics.median(self.short_sides))
 
 
-def detect_layout(root: Path) -> str:
-    """imagefolder (ROOT/{train,val,test}/<class>) or mvtec (ROOT/[category/]{train,test}/<class>)."""
+# Other names data sets give their validation folder.
+VAL_NAMES = ("val", "valid", "validation", "dev")
+# train/ + test/ without a validation folder: this share of train becomes val, so a
+# 80/20 train/test set ends up 60/20/20, the classfolders default (DataConfig).
+VAL_FROM_TRAIN = 0.25
+
+
+def detect_layout(root: Path) -> dict[str, Any]:
+    """The DataConfig fields of the layout `root` holds: ImageFolder with split folders
+    (ROOT/{train,val,test}/<class>; val under another common name, or carved out of train
+    when there is none), MVTec-AD (ROOT/[category/]{train,test}/<class>), or bare class
+    folders (ROOT/<class>/*, split per class by data.split_fractions)."""
+    from dtrain.data.layouts import class_folders_with_images
+
     if not root.is_dir():
         raise DtrainError(f"data directory not found: {root}", "pass --data the folder that holds train/ (and val/, test/)")
-    if (root / "train").is_dir() and (root / "val").is_dir():
-        return "imagefolder"
+    if (root / "train").is_dir():
+        val = next((name for name in VAL_NAMES if (root / name).is_dir()), None)
+        if val is not None:
+            return {"layout": "imagefolder", "val_split": val}
+        if (root / "test").is_dir() and not (root / "train" / "good").is_dir():
+            return {"layout": "imagefolder", "val_from_train": VAL_FROM_TRAIN}
     if (root / "train" / "good").is_dir() or any((d / "train" / "good").is_dir() for d in root.iterdir() if d.is_dir()):
-        return "mvtec"
+        return {"layout": "mvtec"}
+    if len(class_folders_with_images(root)) >= 2:
+        return {"layout": "classfolders"}
     raise DtrainError(
-        f"{root} is neither ImageFolder (train/ and val/ with one folder per class) nor MVTec-AD (train/good)",
-        "lay the images out as ROOT/{train,val,test}/<class>/*.png",
+        f"{root} is none of: ImageFolder (train/ and val/ with one folder per class), MVTec-AD (train/good), "
+        "class folders (one folder of images per class, at least two)",
+        "lay the images out as ROOT/{train,val,test}/<class>/*.png, or ROOT/<class>/* to have them split for you",
     )
+
+
+def describe_layout(fields: dict[str, Any]) -> str:
+    """detect_layout's result in words, for the recipe's first line."""
+    layout = fields["layout"]
+    if layout == "classfolders":
+        shares = "/".join(f"{x:.0%}".rstrip("%") for x in DataConfig().split_fractions)
+        return f"class folders: every class split {shares} % into train/val/test, seeded by data.split_seed"
+    if fields.get("val_from_train"):
+        return f"imagefolder without a val folder: {fields['val_from_train']:.0%} of every train class is val"
+    if fields.get("val_split", "val") != "val":
+        return f"imagefolder, val in {fields['val_split']}/"
+    return f"{layout} layout"
 
 
 def gather(cfg: DataConfig, sample: int = SAMPLE, colour_sample: int = COLOUR_SAMPLE) -> DataStats:
