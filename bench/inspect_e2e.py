@@ -116,20 +116,24 @@ def naive_loop(checkpoint: Path, paths: list[Path], threshold: float, threads: i
     return time.perf_counter() - start, verdicts
 
 
-def miss_rate(verdicts: dict[str, str], data: Path) -> float | None:
-    """Missed defects / defective images of the test split (class = parent folder)."""
-    test = [(p, Path(p).parent.name) for p in verdicts if Path(p).parent.parent.name == "test"]
-    defective = [p for p, cls in test if cls != NEGATIVE]
+def defective_test_images(paths) -> list[str]:
+    """The defective images of the test split among `paths` (class = parent folder)."""
+    return [p for p in paths if Path(p).parent.parent.name == "test" and Path(p).parent.name != NEGATIVE]
+
+
+def miss_rate(verdicts: dict[str, str]) -> float | None:
+    """Missed defects / defective images of the test split."""
+    defective = defective_test_images(verdicts)
     if not defective:
         return None
     return sum(verdicts[p] == "ok" for p in defective) / len(defective)
 
 
-def paired_misses(inspect: dict[str, str], naive: dict[str, str], data: Path) -> dict:
+def paired_misses(inspect: dict[str, str], naive: dict[str, str]) -> dict:
     """The test defects each contender misses, paired image by image: a miss rate differing
     by one or two images says nothing on its own, so also the exact McNemar test (two-sided
     binomial on the discordant pairs): p near 1 = no evidence that the miss rates differ."""
-    defective = [p for p in naive if Path(p).parent.parent.name == "test" and Path(p).parent.name != NEGATIVE]
+    defective = defective_test_images(naive)
     both = sum(inspect[p] == "ok" and naive[p] == "ok" for p in defective)
     only_inspect = sum(inspect[p] == "ok" and naive[p] != "ok" for p in defective)
     only_naive = sum(inspect[p] != "ok" and naive[p] == "ok" for p in defective)
@@ -250,11 +254,11 @@ def main(argv: list[str] | None = None) -> int:
         # Both miss rates over the test images both contenders saw (--naive-images may cut
         # the naive loop short), so "the same miss rate" compares like with like.
         "inspect": {"seconds": wall, "images_per_s": inspect_ips, "summary": summary,
-                    "test_miss_rate": miss_rate({p: inspect_verdicts[p] for p in common}, data)},
+                    "test_miss_rate": miss_rate({p: inspect_verdicts[p] for p in common})},
         "naive": {"seconds": naive_s, "images": len(naive_paths), "images_per_s": naive_ips, "threads": args.naive_threads,
-                  "test_miss_rate": miss_rate(naive_verdicts, data)},
+                  "test_miss_rate": miss_rate(naive_verdicts)},
         "ratio": inspect_ips / naive_ips, "verdict_agreement": agreement,
-        "test_misses_paired": paired_misses(inspect_verdicts, naive_verdicts, data),
+        "test_misses_paired": paired_misses(inspect_verdicts, naive_verdicts),
         "flops_per_image": flops, "backend_peak_flops": peak, "fp32_peak_flops": fp32_peak, "cpu": peak_desc,
     }
     if flops:

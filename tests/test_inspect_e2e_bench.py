@@ -23,6 +23,32 @@ def _check(result: dict, images: int) -> None:
     assert set(result["inspect"]["summary"]["stages_s"]) == {"decode", "resize", "inference", "write", "wait"}
     assert result["flops_per_image"] > 0 and result["backend_peak_flops"] > 0
     assert 0 < result["inspect"]["share_of_peak"] < 1
+    pm = result["test_misses_paired"]  # the same misses as the rates, paired image by image
+    for who, only in (("inspect", "missed_by_inspect_only"), ("naive", "missed_by_naive_only")):
+        assert (pm["missed_by_both"] + pm[only]) / pm["defective"] == pytest.approx(result[who]["test_miss_rate"])
+    assert 0.0 <= pm["mcnemar_p"] <= 1.0
+
+
+def test_paired_misses_and_the_exact_mcnemar_p():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("inspect_e2e", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    defects = [f"/d/test/dent/{i}.png" for i in range(8)]
+    naive = {p: "defect" for p in defects} | {"/d/test/ok/0.png": "ok", "/d/train/dent/0.png": "ok"}
+    inspect = dict(naive)
+    for p in defects[:5]:  # 5 misses only dtrain inspect makes, none the other way
+        inspect[p] = "ok"
+    inspect[defects[5]] = naive[defects[5]] = "ok"  # one both miss
+    pm = bench.paired_misses(inspect, naive)
+    assert pm == {"defective": 8, "missed_by_both": 1, "missed_by_inspect_only": 5, "missed_by_naive_only": 0,
+                  "mcnemar_p": pytest.approx(2 / 32)}  # two-sided: 2 x P(X <= 0), X ~ Bin(5, 1/2)
+    naive[defects[6]] = "ok"  # and one only the naive loop misses: 5 vs 1, 2 x P(X <= 1), X ~ Bin(6, 1/2)
+    assert bench.paired_misses(inspect, naive)["mcnemar_p"] == pytest.approx(2 * (1 + 6) / 64)
+    inspect[defects[6]] = "ok"
+    naive.update({p: "ok" for p in defects[:5]})  # the same misses: no discordant pair, p = 1
+    assert bench.paired_misses(inspect, naive)["mcnemar_p"] == 1.0
 
 
 def test_quick_bench_on_an_existing_run(trained_checkpoint, synth_data, exported_model, tmp_path):
