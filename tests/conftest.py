@@ -57,6 +57,19 @@ def synth_data(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def class_folders_data(synth_data, tmp_path_factory) -> Path:
+    """synth_data's train + val + test images as ROOT/<class>/* (links, no split folders):
+    the classfolders layout. Read-only."""
+    root = tmp_path_factory.mktemp("class_folders_data")
+    for cls_dir in sorted((synth_data / "train").iterdir()):
+        (root / cls_dir.name).mkdir()
+        for split in ("train", "val", "test"):
+            for p in sorted((synth_data / split / cls_dir.name).glob("*.png")):
+                (root / cls_dir.name / f"{split}_{p.name}").symlink_to(p)
+    return root
+
+
+@pytest.fixture(scope="session")
 def trained_checkpoint(synth_data, tmp_path_factory) -> Path:
     """OUTPUT/checkpoints/last.pt of a tiny real training run on `synth_data` (owner:
     train): ResNet-18, 32 px, one process, fp32, 2 epochs. Read-only: copy it before

@@ -104,20 +104,12 @@ def test_mvtec_without_category_lists_the_categories(synth_data, tmp_path):
     assert "metal_plate" in str(err.value) and "other_part" in str(err.value)
 
 
-def _class_folders(src: Path, dst: Path) -> dict[str, int]:
-    """src's train + val + test images as dst/<class>/* (no split folders): class -> count."""
-    counts = {}
-    for cls_dir in sorted((src / "train").iterdir()):
-        (dst / cls_dir.name).mkdir(parents=True)
-        for split in ("train", "val", "test"):
-            for p in sorted((src / split / cls_dir.name).glob("*.png")):
-                (dst / cls_dir.name / f"{split}_{p.name}").symlink_to(p)
-        counts[cls_dir.name] = len(list((dst / cls_dir.name).iterdir()))
-    return counts
-
-
-def test_classfolders_layout_splits_every_class_by_the_shares_seeded(synth_data, tmp_path):
-    counts = _class_folders(synth_data, tmp_path / "flat")
+def test_classfolders_layout_splits_every_class_by_the_shares_seeded(class_folders_data, tmp_path):
+    counts = {d.name: len(list(d.iterdir())) for d in class_folders_data.iterdir()}
+    for name in counts:  # the fixture is read-only: a root of links to its class folders
+        (tmp_path / "flat" / name).mkdir(parents=True)
+        for image in (class_folders_data / name).iterdir():
+            (tmp_path / "flat" / name / image.name).symlink_to(image)
     (tmp_path / "flat" / "notes").mkdir()  # a folder without images is not a class
     cfg = DataConfig(root=str(tmp_path / "flat"), layout="classfolders", image_size=32)
     splits = {s: open_split(cfg, s, train=False) for s in ("train", "val", "test")}
@@ -153,10 +145,9 @@ def test_val_carved_from_train_when_there_is_no_val_folder(synth_data, tmp_path)
     assert test.paths == open_split(cfg.model_copy(update={"val_from_train": 0.0}), "test", train=False).paths
 
 
-def test_a_missing_split_folder_names_the_classfolders_layout(synth_data, tmp_path):
-    _class_folders(synth_data, tmp_path / "flat")
+def test_a_missing_split_folder_names_the_classfolders_layout(class_folders_data):
     with pytest.raises(DtrainError, match="split 'train' not found") as err:
-        open_split(DataConfig(root=str(tmp_path / "flat"), image_size=32), "train", train=False)
+        open_split(DataConfig(root=str(class_folders_data), image_size=32), "train", train=False)
     assert "data.layout=classfolders" in err.value.hint
 
 

@@ -159,15 +159,11 @@ def test_quickstart_data_decides_trains_and_reports(synth_data, tmp_path, dtrain
 
 
 @pytest.mark.slow
-def test_quickstart_data_on_bare_class_folders_splits_trains_and_reports(synth_data, tmp_path, dtrain_cmd, dtrain_home):
+def test_quickstart_data_on_bare_class_folders_splits_trains_and_reports(class_folders_data, tmp_path, dtrain_cmd,
+                                                                         dtrain_home):
     """ROOT/<class>/* without split folders: the recipe splits it, and evaluation reads the
     same test split back from the checkpoint's config."""
-    flat = tmp_path / "flat"
-    for cls_dir in sorted((synth_data / "train").iterdir()):
-        (flat / cls_dir.name).mkdir(parents=True)
-        for split in ("train", "val", "test"):
-            for p in (synth_data / split / cls_dir.name).glob("*.png"):
-                shutil.copy(p, flat / cls_dir.name / f"{split}_{p.name}")
+    flat = class_folders_data
     work = tmp_path / "qs"
     argv = [*dtrain_cmd, "quickstart", "--data", str(flat), "--workdir", str(work), "--epochs", "1", "--nproc", "1",
             "--folds", "0", "--budget-minutes", "6000"]

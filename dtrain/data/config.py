@@ -64,5 +64,5 @@ class DataConfig(StrictModel):
     @classmethod
     def _shares(cls, v: tuple[float, float, float]) -> tuple[float, float, float]:
         if min(v) < 0 or v[0] <= 0 or abs(sum(v) - 1) > 1e-6:
-            raise ValueError(f"train, val and test shares must be >= 0 (train > 0) and sum to 1, got {list(v)}")
+            raise ValueError("train, val and test shares must be >= 0 (train > 0) and sum to 1, e.g. [0.6, 0.2, 0.2]")
         return v

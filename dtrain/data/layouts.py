@@ -103,12 +103,11 @@ def _listing(classes: list[str], negative: str | None, where: Path, files: dict[
 
 
 def imagefolder(cfg: DataConfig, split: str) -> Listing:
+    if cfg.val_from_train > 0:
+        return _val_from_train(cfg, split)
     root = Path(cfg.root)
     _require_dir(root, "data directory")
     split_dir = root / split
-    carve = cfg.val_from_train > 0 and split in (cfg.train_split, cfg.val_split)
-    if carve:  # train and val both come from the train folder; the val folder is not read
-        split_dir = root / cfg.train_split
     if not split_dir.is_dir():
         found = ", ".join(_class_dirs(root)) or "nothing"
         raise DtrainError(
@@ -118,21 +117,29 @@ def imagefolder(cfg: DataConfig, split: str) -> Listing:
         )
     classes: set[str] = set()
     # "" is "no such split"; root / "" would be the root itself, its split folders as classes.
-    # With val carved out of train, a val folder is never read, not even for class names, so
-    # that every split numbers the classes alike.
-    unread = {"", cfg.val_split if cfg.val_from_train > 0 else ""}
-    for name in {cfg.train_split, cfg.val_split, cfg.test_split, split} - unread:
+    for name in {cfg.train_split, cfg.val_split, cfg.test_split, split} - {""}:
         if (root / name).is_dir():
             classes.update(_class_dirs(root / name))
     if not classes:
         raise DtrainError(f"no class folders in {split_dir}", "put each class's images in ROOT/<split>/<class>/")
     ordered = sorted(classes)
     files = {name: _images_in(split_dir / name) for name in ordered if (split_dir / name).is_dir()}
-    if carve:
-        shares = (1 - cfg.val_from_train, cfg.val_from_train, 0.0)
-        part = 0 if split == cfg.train_split else 1
-        files = {name: _carve(found, cfg.split_seed, name, shares)[part] for name, found in files.items()}
     return _listing(ordered, cfg.negative_class, root, files)
+
+
+def _val_from_train(cfg: DataConfig, split: str) -> Listing:
+    """imagefolder with val carved out of the train folder: the data set read as one without
+    a val split (so a val folder, if any, is never read, not even for class names), then
+    every train class cut by `val_from_train`."""
+    plain = cfg.model_copy(update={"val_from_train": 0.0, "val_split": ""})
+    if split not in (cfg.train_split, cfg.val_split):
+        return imagefolder(plain, split)
+    whole = imagefolder(plain, cfg.train_split)
+    part = 0 if split == cfg.train_split else 1
+    shares = (1 - cfg.val_from_train, cfg.val_from_train, 0.0)
+    files = {name: _carve([Path(p) for p, t in zip(whole.paths, whole.targets) if t == i], cfg.split_seed, name, shares)[part]
+             for i, name in enumerate(whole.classes)}
+    return _listing(whole.classes, cfg.negative_class, Path(cfg.root), files)
 
 
 def _carve(files: list[Path], seed: int, name: str, shares: tuple[float, float, float]) -> tuple[list[Path], ...]:
@@ -146,9 +153,10 @@ def _carve(files: list[Path], seed: int, name: str, shares: tuple[float, float, 
     return sorted(pool[:n_train]), sorted(pool[n_train:n_train + n_val]), sorted(pool[n_train + n_val:])
 
 
-def class_folders_with_images(root: Path) -> list[str]:
-    """ROOT's sub-folders that directly hold images (the classes of a classfolders layout)."""
-    return [name for name in _class_dirs(root) if _images_in(root / name)]
+def class_folders_with_images(root: Path) -> dict[str, list[Path]]:
+    """ROOT's sub-folders that directly hold images (the classes of a classfolders layout) -> their images."""
+    found = {name: _images_in(root / name) for name in _class_dirs(root)}
+    return {name: images for name, images in found.items() if images}
 
 
 def classfolders(cfg: DataConfig, split: str) -> Listing:
@@ -157,12 +165,11 @@ def classfolders(cfg: DataConfig, split: str) -> Listing:
     roles = {name: i for i, name in enumerate((cfg.train_split, cfg.val_split, cfg.test_split)) if name}
     if split not in roles:
         raise DtrainError(f"unknown split '{split}' for a classfolders data set", f"valid splits: {', '.join(roles)}")
-    classes = class_folders_with_images(root)
-    if not classes:
+    found = class_folders_with_images(root)
+    if not found:
         raise DtrainError(f"no class folders with images in {root}", "put each class's images in ROOT/<class>/")
-    files = {name: _carve(_images_in(root / name), cfg.split_seed, name, cfg.split_fractions)[roles[split]]
-             for name in classes}
-    return _listing(classes, cfg.negative_class, root, files)
+    files = {name: _carve(images, cfg.split_seed, name, cfg.split_fractions)[roles[split]] for name, images in found.items()}
+    return _listing(list(found), cfg.negative_class, root, files)
 
 
 def _mvtec_base(cfg: DataConfig) -> Path:

@@ -97,7 +97,7 @@ def describe_layout(fields: dict[str, Any]) -> str:
     """detect_layout's result in words, for the recipe's first line."""
     layout = fields["layout"]
     if layout == "classfolders":
-        shares = "/".join(f"{x:.0%}".rstrip("%") for x in DataConfig().split_fractions)
+        shares = "/".join(str(round(x * 100)) for x in DataConfig().split_fractions)
         return f"class folders: every class split {shares} % into train/val/test, seeded by data.split_seed"
     if fields.get("val_from_train"):
         return f"imagefolder without a val folder: {fields['val_from_train']:.0%} of every train class is val"
