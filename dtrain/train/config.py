@@ -54,6 +54,9 @@ class TrainConfig(StrictModel):
     # class c by sqrt(n_largest / n_c), so a class of 30 images is not drowned by one of
     # 3000, without letting its few images dominate as full inverse frequency would.
     loss_class_weights: Literal["none", "sqrt_inverse"] = "none"
+    # Validate, keep and publish an exponential moving average of the weights with this
+    # decay (ramped in over the first steps, dtrain/train/ema.py); None = the last step's.
+    ema_decay: float | None = Field(None, gt=0, lt=1)
     max_steps: int | None = Field(None, ge=1)  # stop early (tests, benchmarks)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # torch intra-op threads per rank; None = this node's cores / its number of ranks

@@ -29,6 +29,7 @@ from dtrain.models import build_model
 from dtrain.monitor.rank.client import report_step
 from dtrain.train import checkpoint as ckpt
 from dtrain.train import dist, precision
+from dtrain.train.ema import WeightAverage
 from dtrain.train.facts import describe, run_facts
 from dtrain.train.config import TrainConfig
 from dtrain.train.loaders import Loaders, build_loaders
@@ -58,6 +59,12 @@ class State:
     step: int = 0  # optimizer steps so far
     step_in_epoch: int = 0  # optimizer steps into the current, unfinished epoch
     best_val_loss: float = float("inf")  # for keep_best
+    # The averaged weights (cfg.ema_decay): what is validated and what checkpoints publish.
+    ema: WeightAverage | None = None
+
+    def published(self) -> nn.Module:
+        """The weights evaluation, export and keep_best see."""
+        return self.ema.module if self.ema is not None else self.raw
 
 
 def run(cfg: TrainConfig, resume: bool = False, *, stream: TextIO | None = None) -> TrainResult:
@@ -119,7 +126,8 @@ class _Trainer:
             model = DDP(raw, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
         if cfg.compile:
             model = torch.compile(model)
-        return State(raw, model, optimizer, scheduler, self.precision.grad_scaler(ctx.device))
+        ema = WeightAverage(raw, cfg.ema_decay) if cfg.ema_decay is not None else None
+        return State(raw, model, optimizer, scheduler, self.precision.grad_scaler(ctx.device), ema=ema)
 
     def restore(self, state: State) -> str:
         """Load last.pt into `state`; returns what happened, for the log."""
@@ -129,7 +137,10 @@ class _Trainer:
         if path is None:
             return f"resume: no checkpoint in {ckpt.checkpoint_dir(self.cfg.output_dir)}; starting fresh"
         blob = ckpt.load(path)
-        state.raw.load_state_dict(blob["model"])
+        # With an average, "model" holds it and "live_model" the weights being trained.
+        state.raw.load_state_dict(blob.get("live_model", blob["model"]))
+        if state.ema is not None:  # a checkpoint without an average starts one at its weights
+            state.ema.load(blob["model"], int(blob.get("ema_updates", 0)))
         state.optimizer.load_state_dict(blob["optimizer"])
         state.scheduler.load_state_dict(blob["scheduler"])
         state.scaler.load_state_dict(blob["scaler"])
@@ -225,6 +236,8 @@ class _Trainer:
             state.scaler.update()
             state.optimizer.zero_grad(set_to_none=True)
             state.scheduler.step()
+            if state.ema is not None:
+                state.ema.update()
             state.step += 1
             state.step_in_epoch += 1
             t_prev = now = time.perf_counter()
@@ -285,7 +298,7 @@ class _Trainer:
         """Validation loss and accuracy, logged; returns the loss (None without validation)."""
         if self.data.val is None or not self.cfg.val_every_epoch:
             return None
-        model, dev = state.raw, self.ctx.device
+        model, dev = state.published(), self.ctx.device
         model.eval()
         loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
         correct = torch.zeros((), dtype=torch.int64, device=dev)
@@ -315,7 +328,7 @@ class _Trainer:
         path = ckpt.checkpoint_dir(self.cfg.output_dir) / ckpt.LAST
         if self.ctx.is_main:
             payload = {
-                "model": {k: v.detach().float().cpu() if v.is_floating_point() else v.cpu() for k, v in state.raw.state_dict().items()},
+                "model": _cpu_weights(state.published()),
                 "optimizer": state.optimizer.state_dict(),
                 "scheduler": state.scheduler.state_dict(),
                 "scaler": state.scaler.state_dict(),
@@ -333,8 +346,14 @@ class _Trainer:
                 "run": self.facts,
                 "best_val_loss": state.best_val_loss,
             }
+            if state.ema is not None:
+                payload.update(live_model=_cpu_weights(state.raw), ema_updates=state.ema.updates)
             path = ckpt.save(payload, self.cfg.output_dir, epoch_end=epoch_end, keep=self.cfg.keep_checkpoints)
         return path
+
+
+def _cpu_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().float().cpu() if v.is_floating_point() else v.cpu() for k, v in model.state_dict().items()}
 
 
 def loss_weights(rule: str, train_set, n_classes: int, device: torch.device) -> torch.Tensor | None:
