@@ -259,6 +259,13 @@ def _data_config(data: Any, meta: dict[str, Any]):
         cfg = data.model_copy(update={"image_size": int(meta["image_size"])})
     else:
         base = dict((meta.get("config") or {}).get("data") or {})
+        if not base.get("val_split", "val") and str(data) != base.get("root"):
+            # A k-fold final model (dtrain/recipe/oof.py) trained on a folder of links to all of train + val,
+            # so its config names that folder's layout, not the source's: read the folder given as the
+            # recipe did (class folders, MVTec, ...). Still no val split: the model has seen it.
+            from dtrain.recipe.stats import detect_layout
+
+            base.update(detect_layout(Path(data)), val_split="", val_from_train=0.0)
         base.update(root=str(data), image_size=int(meta["image_size"]))
         cfg = validate(DataConfig, base, "the checkpoint's data config")
     return cfg
