@@ -32,6 +32,33 @@ def test_negative_class_resolution(tmp_path):
         resolve_negative(TYPES, "patches_free", tmp_path)
 
 
+@pytest.mark.parametrize("names, negative", [
+    (["MT_Blowhole", "MT_Crack", "MT_Free"], "MT_Free"),  # magnetic tiles
+    (["def_front", "ok_front"], "ok_front"),  # cast impellers
+    (["crack", "no_defect"], "no_defect"),
+    (["Defect-free", "scratch"], "Defect-free"),
+    (["GOOD", "bad"], "GOOD"),
+    (["non_defective", "defective"], "non_defective"),
+])
+def test_a_class_named_like_defect_free_parts_is_the_negative_class(names, negative, tmp_path):
+    assert resolve_negative(sorted(names), "ok", tmp_path) == sorted(names).index(negative)
+
+
+@pytest.mark.parametrize("names", [
+    ["not_ok", "scratch"], ["ok_bad", "dent"], ["nok", "pit"], ["defect", "freeform"], TYPES,
+])
+def test_names_of_rejected_parts_are_not_taken_for_defect_free(names, tmp_path):
+    assert resolve_negative(names, "ok", tmp_path) is None
+
+
+def test_two_classes_named_like_defect_free_parts_ask_which(tmp_path):
+    with pytest.raises(DtrainError, match="ok_back, ok_front") as err:
+        resolve_negative(["dent", "ok_back", "ok_front"], "ok", tmp_path)
+    assert "data.negative_class=ok_back" in err.value.hint
+    # An exact synonym needs no guessing.
+    assert resolve_negative(["ok", "ok_front"], "ok", tmp_path) == 0
+
+
 def _preds(probs, targets) -> Predictions:
     return Predictions(np.asarray(probs, float), np.asarray(targets), [f"img{i}.png" for i in range(len(targets))], [])
 

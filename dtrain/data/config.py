@@ -20,7 +20,8 @@ class DataConfig(StrictModel):
     # part judged as this one). "ok", "good" and "normal" stand for each other. null: the
     # data has no such class (defect types only), a classification task: evaluation
     # reports accuracy, per-class figures and the confusion matrix, no miss rates. The
-    # default "ok" also becomes null when no class has any of those names (the training
+    # default "ok" also finds one class whose name reads as defect-free ("MT_Free",
+    # "ok_front", "no_defect": dtrain/data/layouts.py), and becomes null when none does (the training
     # log says so); any other name that is not a class is an error.
     negative_class: str | None = "ok"
     image_size: int = Field(64, ge=16, le=2048)

@@ -22,13 +22,15 @@ rare class keeps images in each split.
 Classes are the sorted union of the class folders of all splits, so every split of one
 data set agrees on the label numbering. An empty split name (`val_split: ""`) means the
 data set has no such split: it adds no classes, and MVTec carves no val split. "ok", "good" and "normal" are synonyms for the
-negative class: the config default "ok" works on MVTec's "good" without an override, and on data with none of them
+negative class: the config default "ok" works on MVTec's "good" without an override, then on one class whose name
+reads as defect-free ("MT_Free", "ok_front", "no_defect": `says_defect_free`), and on data with none of them
 (defect types only) it means "no negative class" (`negative_index` None: a classification task).
 """
 
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +40,15 @@ from dtrain.errors import DtrainError
 
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"})
 NEGATIVE_SYNONYMS = ("ok", "good", "normal")
+# How else a defect-free class is named in public and plant data sets ("MT_Free" for
+# magnetic tiles, "ok_front" for cast impellers, "no_defect", "Defect-free"): a word of the
+# name, or the whole name with its separators dropped. A name that also carries a word
+# of rejection ("not_ok", "ok_bad") is not one.
+NEGATIVE_WORDS = frozenset({"ok", "good", "normal", "free", "pass", "passed", "clean", "flawless"})
+NEGATIVE_PHRASES = frozenset({"nodefect", "nodefects", "defectfree", "nondefective", "nondefect", "withoutdefect",
+                              "withoutdefects"})
+REJECTION_WORDS = frozenset({"not", "nok", "ng", "bad", "fail", "failed", "reject", "rejected", "defect", "defects",
+                             "defective", "def", "anomaly", "anomalous"})
 
 
 @dataclass(frozen=True)
@@ -84,11 +95,26 @@ def resolve_negative(classes: list[str], negative_class: str | None, where: Path
         for alias in NEGATIVE_SYNONYMS:
             if alias in classes:
                 return classes.index(alias)
-        return None
+        named = [c for c in classes if says_defect_free(c)]
+        if len(named) > 1:
+            raise DtrainError(
+                f"several classes in {where} are named like defect-free parts: {', '.join(named)}",
+                f"name the one to measure misses against, e.g. --set data.negative_class={named[0]} "
+                "(or null for a classification task)",
+            )
+        return classes.index(named[0]) if named else None
     raise DtrainError(
         f"negative class '{negative_class}' is not one of the classes in {where}: {', '.join(classes)}",
         "set data.negative_class to the class of defect-free parts (e.g. --set data.negative_class=good)",
     )
+
+
+def says_defect_free(name: str) -> bool:
+    """Whether a class name reads as the defect-free class (see NEGATIVE_WORDS)."""
+    words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w]
+    if "".join(words) in NEGATIVE_PHRASES:
+        return True
+    return bool(NEGATIVE_WORDS.intersection(words)) and not REJECTION_WORDS.intersection(words)
 
 
 def _listing(classes: list[str], negative: str | None, where: Path, files: dict[str, list[Path]]) -> Listing:

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from dtrain.data.layouts import NEGATIVE_SYNONYMS
 from dtrain.recipe.stats import DataStats
 
 # Input side bounds. Below 64 px a ResNet's last stage sees 2x2 maps or less; above 320 px
@@ -148,9 +149,12 @@ def validation(stats: DataStats, kfold: bool = False) -> list[Decision]:
 
 def negative_class(stats: DataStats) -> Decision:
     if stats.negative_class is None:
-        return Decision("data.negative_class", None, "no class is called ok, good or normal: a classification task "
-                        "(accuracy and per-class figures, no miss rate)")
-    return Decision("data.negative_class", stats.negative_class, "the defect-free class: misses are measured against it")
+        return Decision("data.negative_class", None, "no class name reads as defect-free (ok, good, normal, *_free, "
+                        "no_defect, ...): a classification task (accuracy and per-class figures, no miss rate)")
+    why = "the defect-free class: misses are measured against it"
+    if stats.negative_class not in NEGATIVE_SYNONYMS:
+        why += " (found by its name; if it is not the defect-free class, set data.negative_class)"
+    return Decision("data.negative_class", stats.negative_class, why)
 
 
 def augmentation(stats: DataStats) -> Decision:

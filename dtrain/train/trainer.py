@@ -368,7 +368,7 @@ def loss_weights(rule: str, train_set, n_classes: int, device: torch.device) -> 
 
 def _no_negative_class_note(configured: str | None, classes: list[str]) -> str:
     why = "data.negative_class is null" if configured is None else (
-        f"no class is called ok, good or normal (data.negative_class {configured!r})"
+        f"no class name reads as defect-free: ok, good, normal, *_free, no_defect, ... (data.negative_class {configured!r})"
     )
     return (
         f"{why}: a classification task over {', '.join(classes)}; evaluation reports accuracy, per-class "
