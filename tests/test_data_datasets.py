@@ -145,6 +145,24 @@ def test_val_carved_from_train_when_there_is_no_val_folder(synth_data, tmp_path)
     assert test.paths == open_split(cfg.model_copy(update={"val_from_train": 0.0}), "test", train=False).paths
 
 
+def test_train_and_a_val_folder_only_the_val_folder_is_test(synth_data, tmp_path):
+    """train/ + valid/ (no test/), as detect_layout reads it: valid/ is the test split, val is
+    carved out of train, and the carved split's name reads no folder, not even one called that."""
+    from dtrain.recipe.stats import detect_layout
+
+    root = tmp_path / "data"
+    shutil.copytree(synth_data / "train", root / "train")
+    shutil.copytree(synth_data / "val", root / "valid")
+    cfg = DataConfig(root=str(root), image_size=32, **detect_layout(root))
+    train, val, test = (open_split(cfg, s, train=False) for s in (cfg.train_split, cfg.val_split, cfg.test_split))
+    assert cfg.test_split == "valid" and train.classes == val.classes == test.classes == sorted(CLASSES)
+    assert sorted(Path(p).relative_to(root / "valid") for p in test.paths) == sorted(
+        p.relative_to(synth_data / "val") for p in (synth_data / "val").rglob("*.png"))
+    from_train = {str(p.relative_to(synth_data / "train")) for p in (synth_data / "train").rglob("*.png")}
+    assert not set(train.paths) & set(val.paths)
+    assert {str(Path(p).relative_to(root / "train")) for p in train.paths + val.paths} == from_train
+
+
 def test_a_missing_split_folder_names_the_classfolders_layout(class_folders_data):
     with pytest.raises(DtrainError, match="split 'train' not found") as err:
         open_split(DataConfig(root=str(class_folders_data), image_size=32), "train", train=False)

@@ -118,6 +118,9 @@ def test_layout_detection(synth_data, tmp_path):
     (other / "valid" / "crack").rmdir()
     (other / "valid").rmdir()
     assert detect_layout(other) == {"layout": "imagefolder", "val_from_train": 0.25}
+    (other / "test").rename(other / "valid")  # train/ + valid/ only: valid/ is the test split
+    assert detect_layout(other) == {"layout": "imagefolder", "test_split": "valid", "val_split": "val-from-train",
+                                    "val_from_train": 0.25}
     flat = tmp_path / "flat"
     for cls in ("ok", "dent"):
         (flat / cls).mkdir(parents=True)

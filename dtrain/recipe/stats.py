@@ -65,12 +65,13 @@ VAL_NAMES = ("val", "valid", "validation", "dev")
 # train/ + test/ without a validation folder: this share of train becomes val, so a
 # 80/20 train/test set ends up 60/20/20, the classfolders default (DataConfig).
 VAL_FROM_TRAIN = 0.25
+CARVED_VAL = "val-from-train"
 
 
 def detect_layout(root: Path) -> dict[str, Any]:
     """The DataConfig fields of the layout `root` holds: ImageFolder with split folders
     (ROOT/{train,val,test}/<class>; val under another common name, or carved out of train
-    when there is none), MVTec-AD (ROOT/[category/]{train,test}/<class>), or bare class
+    when there is none; with train/ and a val folder only, that folder is the test split), MVTec-AD (ROOT/[category/]{train,test}/<class>), or bare class
     folders (ROOT/<class>/*, split per class by data.split_fractions)."""
     from dtrain.data.layouts import class_folders_with_images
 
@@ -78,8 +79,13 @@ def detect_layout(root: Path) -> dict[str, Any]:
         raise DtrainError(f"data directory not found: {root}", "pass --data the folder that holds train/ (and val/, test/)")
     if (root / "train").is_dir():
         val = next((name for name in VAL_NAMES if (root / name).is_dir()), None)
-        if val is not None:
+        if val is not None and (root / "test").is_dir():
             return {"layout": "imagefolder", "val_split": val}
+        if val is not None:
+            # train/ + valid/ only (as many published sets ship): the val folder is the held-out set results
+            # are quoted on, so it becomes the test split, and val is carved out of train as below. The carved
+            # split gets a name no folder has, so it never reads the val folder.
+            return {"layout": "imagefolder", "test_split": val, "val_split": CARVED_VAL, "val_from_train": VAL_FROM_TRAIN}
         if (root / "test").is_dir() and not (root / "train" / "good").is_dir():
             return {"layout": "imagefolder", "val_from_train": VAL_FROM_TRAIN}
     if (root / "train" / "good").is_dir() or any((d / "train" / "good").is_dir() for d in root.iterdir() if d.is_dir()):
@@ -99,6 +105,9 @@ def describe_layout(fields: dict[str, Any]) -> str:
     if layout == "classfolders":
         shares = "/".join(str(round(x * 100)) for x in DataConfig().split_fractions)
         return f"class folders: every class split {shares} % into train/val/test, seeded by data.split_seed"
+    if fields.get("val_from_train") and fields.get("test_split", "test") != "test":
+        return (f"imagefolder with train/ and {fields['test_split']}/ only: {fields['test_split']}/ is the test split, "
+                f"and {fields['val_from_train']:.0%} of every train class is val")
     if fields.get("val_from_train"):
         return f"imagefolder without a val folder: {fields['val_from_train']:.0%} of every train class is val"
     if fields.get("val_split", "val") != "val":
