@@ -71,8 +71,9 @@ CARVED_VAL = "val-from-train"
 def detect_layout(root: Path) -> dict[str, Any]:
     """The DataConfig fields of the layout `root` holds: ImageFolder with split folders
     (ROOT/{train,val,test}/<class>; val under another common name, or carved out of train
-    when there is none; with train/ and a val folder only, that folder is the test split), MVTec-AD (ROOT/[category/]{train,test}/<class>), or bare class
-    folders (ROOT/<class>/*, split per class by data.split_fractions)."""
+    when there is none; with train/ and a val folder only, that folder is the test split),
+    MVTec-AD (ROOT/[category/]{train,test}/<class>), or bare class folders (ROOT/<class>/*,
+    split per class by data.split_fractions)."""
     from dtrain.data.layouts import class_folders_with_images
 
     if not root.is_dir():
