@@ -39,13 +39,14 @@ def test_negative_class_resolution(tmp_path):
     (["Defect-free", "scratch"], "Defect-free"),
     (["GOOD", "bad"], "GOOD"),
     (["non_defective", "defective"], "non_defective"),
+    (["Negative", "Positive"], "Negative"),  # cracked concrete
 ])
 def test_a_class_named_like_defect_free_parts_is_the_negative_class(names, negative, tmp_path):
     assert resolve_negative(sorted(names), "ok", tmp_path) == sorted(names).index(negative)
 
 
 @pytest.mark.parametrize("names", [
-    ["not_ok", "scratch"], ["ok_bad", "dent"], ["nok", "pit"], ["defect", "freeform"], TYPES,
+    ["not_ok", "scratch"], ["ok_bad", "dent"], ["nok", "pit"], ["defect", "freeform"], ["positive_crack", "dent"], TYPES,
 ])
 def test_names_of_rejected_parts_are_not_taken_for_defect_free(names, tmp_path):
     assert resolve_negative(names, "ok", tmp_path) is None

@@ -41,14 +41,15 @@ from dtrain.errors import DtrainError
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"})
 NEGATIVE_SYNONYMS = ("ok", "good", "normal")
 # How else a defect-free class is named in public and plant data sets ("MT_Free" for
-# magnetic tiles, "ok_front" for cast impellers, "no_defect", "Defect-free"): a word of the
+# magnetic tiles, "ok_front" for cast impellers, "Negative" beside "Positive" for cracked
+# concrete, "no_defect", "Defect-free"): a word of the
 # name, or the whole name with its separators dropped. A name that also carries a word
 # of rejection ("not_ok", "ok_bad") is not one.
-NEGATIVE_WORDS = frozenset({"ok", "good", "normal", "free", "pass", "passed", "clean", "flawless"})
+NEGATIVE_WORDS = frozenset({"ok", "good", "normal", "free", "pass", "passed", "clean", "flawless", "intact", "negative"})
 NEGATIVE_PHRASES = frozenset({"nodefect", "nodefects", "defectfree", "nondefective", "nondefect", "withoutdefect",
                               "withoutdefects"})
 REJECTION_WORDS = frozenset({"not", "nok", "ng", "bad", "fail", "failed", "reject", "rejected", "defect", "defects",
-                             "defective", "def", "anomaly", "anomalous"})
+                             "defective", "def", "anomaly", "anomalous", "positive"})
 
 
 @dataclass(frozen=True)
