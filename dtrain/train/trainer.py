@@ -175,6 +175,9 @@ class _Trainer:
             self.log.message(f"run: {describe(self.facts)}")
             if self.data.negative_index is None:
                 self.log.message(_no_negative_class_note(cfg.data.negative_class, self.data.classes))
+            elif (found := self.data.classes[self.data.negative_index]) != cfg.data.negative_class:
+                self.log.message(f"negative class: {found} (data.negative_class {cfg.data.negative_class!r}: {found} is "
+                                 "the class named like defect-free parts; set data.negative_class if it is not)")
         last_path: Path | None = None
         try:
             self.log.start(self.total_steps, state.step, f"epoch {state.epoch + 1}/{cfg.epochs}")
