@@ -94,6 +94,18 @@ def fit_folds(wanted: Decision, k: int, budget_s: float, seconds_per_image: Call
     single = fit_budget(wanted, 1, budget_s, seconds_per_image)
     if k == 0:
         return 0, single, ""
+    kept = _folds_kept(single, k, budget_s, seconds_per_image)
+    if kept is not None:
+        return kept
+    return 0, single, (
+        f"; but {MIN_FOLDS + 1} runs at {single.side.value} px (the side one run affords) would see fewer than "
+        f"{int(BUDGET_IMAGES * KFOLD_MIN_SHARE)} images each, and a better-founded threshold cannot rescue a model that "
+        "saw too little: no k-fold, the threshold is chosen on the validation split (--budget-minutes "
+        f"{minutes_for_folds(wanted, seconds_per_image)} would afford {MIN_FOLDS} folds here)")
+
+
+def _folds_kept(single: Fit, k: int, budget_s: float, seconds_per_image: Callable[[int], float]) -> tuple[int, Fit, str] | None:
+    """The most folds, k down to MIN_FOLDS, whose runs each see enough images at one run's side; None: none do."""
     side = single.side.value
     cost = seconds_per_image(side)
     enough = int(BUDGET_IMAGES * KFOLD_MIN_SHARE)
@@ -104,11 +116,24 @@ def fit_folds(wanted: Decision, k: int, budget_s: float, seconds_per_image: Call
             lowered = "" if j == k else (f"; lowered from {k} to {j} folds so that each of the {j + 1} runs sees "
                                          f"{enough}+ images at {side} px in the budget")
             return j, Fit(single.side, images, _plan(budget_s, j + 1, per_run, cost, side), single.warning), lowered
-    need_s = (enough * cost + RUN_OVERHEAD_S) * (MIN_FOLDS + 1) / TRAIN_SHARE
-    return 0, single, (
-        f"; but {MIN_FOLDS + 1} runs at {side} px (the side one run affords) would see fewer than {enough} images each, "
-        "and a better-founded threshold cannot rescue a model that saw too little: no k-fold, the threshold is chosen "
-        f"on the validation split (--budget-minutes {math.ceil(need_s / 60)} would afford {MIN_FOLDS} folds here)")
+    return None
+
+
+def minutes_for_folds(wanted: Decision, seconds_per_image: Callable[[int], float]) -> int:
+    """The smallest whole-minute budget at which fit_folds keeps MIN_FOLDS folds.
+
+    Not simply MIN_FOLDS + 1 runs at today's side: a larger budget first raises the side one
+    run gets (up to the data's choice), and the folds then have to afford that side. So
+    each side's need is tried, smallest first, until the budget it names really keeps them."""
+    enough = int(BUDGET_IMAGES * KFOLD_MIN_SHARE)
+    floor = min(max(MIN_SIDE, math.ceil(wanted.value / 2 / SIDE_STEP) * SIDE_STEP), wanted.value)
+    sides = sorted({wanted.value, *range(floor, wanted.value, SIDE_STEP)})
+    for side in sides:
+        need_s = (enough * seconds_per_image(side) + RUN_OVERHEAD_S) * (MIN_FOLDS + 1) / TRAIN_SHARE
+        minutes = math.ceil(need_s / 60)
+        if _folds_kept(fit_budget(wanted, 1, minutes * 60, seconds_per_image), MIN_FOLDS, minutes * 60, seconds_per_image):
+            return minutes
+    return minutes + 1  # at the data's own side the need above holds but for rounding
 
 
 def probe(model_cfg: dict, side: int, n_classes: int, precision: str = "auto", ranks: int = 1, batch: int = 16) -> float:
