@@ -55,6 +55,11 @@ class Fit:
     warning: str | None  # when the budget forced fewer images than BUDGET_IMAGES
 
 
+def _floor_side(wanted: int) -> int:
+    """The smallest side the budget may shrink to: half the data's choice (a quarter of the native side)."""
+    return min(max(MIN_SIDE, math.ceil(wanted / 2 / SIDE_STEP) * SIDE_STEP), wanted)
+
+
 def _per_run(budget_s: float, runs: int) -> float:
     return max(budget_s * TRAIN_SHARE / runs - RUN_OVERHEAD_S, 0.0)
 
@@ -67,7 +72,7 @@ def _plan(budget_s: float, runs: int, per_run: float, cost: float, side: int) ->
 def fit_budget(wanted: Decision, runs: int, budget_s: float, seconds_per_image: Callable[[int], float]) -> Fit:
     """`wanted`: the data's input side decision; `seconds_per_image(side)`: training cost per image seen."""
     per_run = _per_run(budget_s, runs)
-    floor = min(max(MIN_SIDE, math.ceil(wanted.value / 2 / SIDE_STEP) * SIDE_STEP), wanted.value)
+    floor = _floor_side(wanted.value)
     sides = [wanted.value] + list(range((wanted.value - 1) // SIDE_STEP * SIDE_STEP, floor - 1, -SIDE_STEP))
     afford = {s: int(per_run / seconds_per_image(s)) for s in sides}
     for s in sides:
@@ -130,13 +135,14 @@ def minutes_for_folds(wanted: Decision, seconds_per_image: Callable[[int], float
     run gets (up to the data's choice), and the folds then have to afford that side. So
     each side's need is tried, smallest first, until the budget it names really keeps them."""
     enough = int(BUDGET_IMAGES * KFOLD_MIN_SHARE)
-    floor = min(max(MIN_SIDE, math.ceil(wanted.value / 2 / SIDE_STEP) * SIDE_STEP), wanted.value)
-    sides = sorted({wanted.value, *range(floor, wanted.value, SIDE_STEP)})
+    sides = sorted({wanted.value, *range(_floor_side(wanted.value), wanted.value, SIDE_STEP)})
     factors = [1 + PROBE_SLACK * i / 4 for i in range(5)]  # the probe's cost, as measured up to PROBE_SLACK slower
 
     def keeps(minutes: int) -> bool:
-        return all(_folds_kept(fit_budget(wanted, 1, minutes * 60, cost), MIN_FOLDS, minutes * 60, cost)
-                   for f in factors for cost in [lambda s, f=f: f * seconds_per_image(s)])
+        def kept(f: float) -> bool:
+            cost = lambda side: f * seconds_per_image(side)  # noqa: E731
+            return _folds_kept(fit_budget(wanted, 1, minutes * 60, cost), MIN_FOLDS, minutes * 60, cost) is not None
+        return all(kept(f) for f in factors)
 
     for side in sides:
         need_s = (enough * seconds_per_image(side) * factors[-1] + RUN_OVERHEAD_S) * (MIN_FOLDS + 1) / TRAIN_SHARE
