@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import yaml
 
+from dtrain.recipe.folds import MAX_FOLDS, MIN_FOLDS
+
 pytestmark = pytest.mark.slow
 
 
@@ -32,7 +34,7 @@ def test_quickstart_kfold_threshold_from_out_of_fold_scores(tmp_path, dtrain_cmd
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((work / "report.json").read_text())
     k = next(d["value"] for d in report["recipe"] if d["field"] == "threshold k-fold")
-    assert k == max(2, min(5, min(v for c, v in counts.items() if c != "ok")))
+    assert k == max(MIN_FOLDS, min(MAX_FOLDS, min(v for c, v in counts.items() if c != "ok")))
     assert proc.stdout.count("folds: fold ") == k and "out-of-fold scores" in proc.stdout
 
     basis = report["threshold_basis"]

@@ -12,7 +12,7 @@ from dtrain.evaluation.evaluate import load_scores, save_scores, summarise
 from dtrain.evaluation.predict import Predictions
 from dtrain.recipe import budget as B
 from dtrain.recipe.decide import BUDGET_IMAGES, Decision
-from dtrain.recipe.folds import MAX_FOLDS, assign_folds, link_split, plan_folds
+from dtrain.recipe.folds import MAX_FOLDS, MIN_FOLDS, assign_folds, link_split, plan_folds
 
 
 def test_kfold_only_when_validation_cannot_show_the_target():
@@ -21,8 +21,11 @@ def test_kfold_only_when_validation_cannot_show_the_target():
     assert enough.k == 0 and "no k-fold" in enough.reason and "598" in enough.reason
     few = plan_folds(80, labelled, "ok", 0.005)
     assert few.k == MAX_FOLDS and "only 80 defective validation images" in few.reason and "all 180" in few.reason
-    assert plan_folds(80, {"ok": 500, "crack": 3, "pit": 40}, "ok", 0.005).k == 3  # the rarest class has 3
-    assert plan_folds(80, {"ok": 500, "crack": 1}, "ok", 0.005).k == 2
+    assert plan_folds(80, {"ok": 500, "crack": 4, "pit": 40}, "ok", 0.005).k == 4  # the rarest class has 4
+    # Never under MIN_FOLDS: 2 fold models, each learning from half the images, did not stand for the final model.
+    assert MIN_FOLDS == 4
+    assert plan_folds(80, {"ok": 500, "crack": 3, "pit": 40}, "ok", 0.005).k == MIN_FOLDS
+    assert plan_folds(80, {"ok": 500, "crack": 1}, "ok", 0.005).k == MIN_FOLDS
     assert plan_folds(0, {"a": 40, "b": 40}, None, 0.005).k == 0  # classification: no threshold
 
 
@@ -145,22 +148,26 @@ def test_kfold_is_kept_only_while_every_run_sees_enough_images_at_one_runs_side(
     wanted = _wanted(256)
     k, fit, why = B.fit_folds(wanted, 5, 1800, B.scaled(1e-4, 256))
     assert (k, why, fit.side.value, fit.images_seen) == (5, "", 256, BUDGET_IMAGES)
-    # 10 ms per image at 256 px: one run affords 1290 s / 0.01 = 129 000 images at 256 px; 6 runs 16 500 each,
-    # 5 runs 21 000, 4 runs 27 750, 3 runs 39 000 (over half of 60 000): 2 folds, still at 256 px.
+    # 6 ms per image at 256 px: one run affords 1290 s / 0.006 = 215 000 images at 256 px; 6 runs 165 s = 27 500 each,
+    # 5 runs 210 s = 35 000 (over half of 60 000): 4 folds, still at 256 px.
+    k, fit, why = B.fit_folds(wanted, 5, 1800, B.scaled(0.006, 256))
+    assert (k, fit.side.value, fit.images_seen) == (4, 256, 35_000) and "lowered from 5 to 4" in why
+    # 10 ms: 5 runs see 21 000 each; 3 runs would see 39 000, but fewer than MIN_FOLDS folds are never run.
     k, fit, why = B.fit_folds(wanted, 5, 1800, B.scaled(0.01, 256))
-    assert (k, fit.side.value, fit.images_seen) == (2, 256, 39_000) and "lowered from 5 to 2" in why
-    # 100 ms at 256 px: one run needs the floor, 128 px (51 600 images); 3 runs there: 15 600 each.
+    assert (k, fit.side.value, fit.images_seen) == (0, 256, BUDGET_IMAGES) and "5 runs at 256 px" in why
+    # 100 ms at 256 px: one run needs the floor, 128 px (51 600 images); 5 runs there: 7 800 each.
     k, fit, why = B.fit_folds(wanted, 5, 1800, B.scaled(0.1, 256))
     assert (k, fit.side.value, fit.images_seen) == (0, 128, 51_600)
-    # The budget named is one that really keeps 2 folds: more time first raises one run's side (54 min would give
-    # one run 160 px, where 3 runs see 19 200 images each), so the folds must afford 256 px, (30000*0.1+60)*3/0.75 s
-    # = 204 min, and still when the rerun's probe measures 10 % slower: (30000*0.11+60)*3/0.75 s = 224 min, rounded up.
-    assert "threshold is chosen on the validation split" in why and "--budget-minutes 225 " in why
+    # The budget named is one that really keeps 4 folds: more time first raises one run's side, so the folds must
+    # afford 256 px, (30000*0.1+60)*5/0.75 s = 340 min, and still when the rerun's probe measures 10 % slower:
+    # (30000*0.11+60)*5/0.75 s = 373.3 min, rounded up.
+    assert "threshold is chosen on the validation split" in why and "--budget-minutes 374 would afford 4 folds" in why
     for cost in (0.1, 0.11):
-        assert B.fit_folds(wanted, 5, 225 * 60, B.scaled(cost, 256))[0] == 2
-    assert B.fit_folds(wanted, 5, 204 * 60, B.scaled(0.1, 256))[0] == 2
-    assert B.fit_folds(wanted, 5, 204 * 60, B.scaled(0.11, 256))[0] == 0  # what the hint without slack risked
+        assert B.fit_folds(wanted, 5, 374 * 60, B.scaled(cost, 256))[0] == 4
+    assert B.fit_folds(wanted, 5, 340 * 60, B.scaled(0.1, 256))[0] == 4
+    assert B.fit_folds(wanted, 5, 340 * 60, B.scaled(0.11, 256))[0] == 0  # what the hint without slack risked
     assert B.fit_folds(wanted, 0, 1800, B.scaled(0.1, 256))[0] == 0
+
 
 def test_the_html_report_shows_the_threshold_basis(tmp_path):
     from dtrain.evaluation.html_report import render_html

@@ -115,7 +115,7 @@ def quickstart_command(
     ),
     folds: int | None = typer.Option(
         None, "--folds", min=0, help="With --data: k-fold training for the threshold, 0 = none, at least 2 "
-        "(default: the recipe decides from the defective validation images and the budget).",
+        "(default: the recipe decides from the defective validation images and the budget: 4 or 5 folds, or none).",
     ),
 ) -> None:
     """The whole recipe on this machine: synthesise data (or use --data), train with DDP, evaluate, write report.json + report.html."""
