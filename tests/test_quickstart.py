@@ -28,6 +28,7 @@ def test_quickstart_tiny(tmp_path, dtrain_cmd, dtrain_home):
     assert report["negative_class"] == "ok" and len(report["classes"]) == 6
     assert report["n_images"] == sum(sum(row) for row in report["confusion_matrix"])
     assert report["config"]["epochs"] == 1
+    assert report["config"]["model"]["views"] == 8  # scored on the 8 symmetries: evaluation and the export below
     # --seed and --precision reach the data, the training and the report's run facts.
     assert report["config"]["seed"] == 3 and report["config"]["precision"] == "fp32"
     assert (report["run"]["seed"], report["run"]["precision"]) == (3, "fp32")

@@ -150,6 +150,7 @@ def test_quickstart_data_decides_trains_and_reports(synth_data, tmp_path, dtrain
     assert "recipe: threshold k-fold = 0" in proc.stdout and "--folds 0 overrides" in proc.stdout
     cfg = yaml.safe_load((work / "train.yaml").read_text())
     assert cfg["data"]["root"] == str(synth_data) and cfg["keep_best"] is True and cfg["val_every_epoch"] is True
+    assert cfg["model"]["views"] == 8 and "recipe: model.views = 8" in proc.stdout  # a budget of days scores 8 views
     best = torch.load(work / "train" / "checkpoints" / "best.pt", map_location="cpu", weights_only=False)
     val = [json.loads(line) for line in (work / "train" / "metrics.jsonl").read_text().splitlines() if '"val"' in line]
     assert len(val) == 2 and best["epoch"] == min(val, key=lambda r: r["loss"])["epoch"]

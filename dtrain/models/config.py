@@ -21,3 +21,8 @@ class ModelConfig(StrictModel):
     # small local defect is not averaged away. Defaults keep the plain ResNet.
     input_norm: Literal["dataset", "per_image"] = "dataset"
     pool: Literal["avg", "avgmax"] = "avg"
+    # At inference (evaluation, out-of-fold scores, export, inspect, serve) each image is
+    # scored on this many of its symmetries and the class probabilities averaged
+    # (dtrain/models/views.py); training ignores it. Views other than the image itself need
+    # data.augment, which trains the network to treat them alike.
+    views: Literal[1, 2, 4, 8] = 1

@@ -39,6 +39,11 @@ RARE = 20
 # decode-once cache budget per training process (data.cache_decoded).
 CACHE_BYTES = 1 << 30
 BATCH_SIZE = 32  # per rank, as the quickstart: keeps one CPU thread per rank busy
+# Views per image at inference (dtrain/models/views.py): all 8 of the augmentation's
+# symmetries while scoring what the recipe predicts (validation, test, out-of-fold) stays
+# within this share of the budget, else 4, 2 or 1. A forward pass costs about a third of a
+# training step (the backward pass is about twice the forward).
+VIEWS_SHARE, FORWARD_COST = 0.1, 1 / 3
 
 
 @dataclass(frozen=True)
@@ -163,6 +168,23 @@ def augmentation(stats: DataStats) -> Decision:
         f"{stats.grey_share:.0%} of the sampled images are grey (decoded to three equal channels); the augmentation "
         "changes orientation (8 symmetries), brightness and contrast, never hue, so it suits grey and colour alike",
     )
+
+
+def inference_views(n_scored: int, seconds_per_image: float, budget_s: float) -> Decision:
+    """`n_scored`: images the recipe predicts after training; `seconds_per_image`: training
+    cost per image at the chosen side (recipe/budget.py's probe)."""
+    allowed = VIEWS_SHARE * budget_s
+    cost = lambda n: n_scored * n * seconds_per_image * FORWARD_COST  # noqa: E731
+    n = next((v for v in (8, 4, 2) if cost(v) <= allowed), 1)
+    why = (f"each image is scored on {n} of its symmetries (flips{', quarter turns' if n == 8 else ''}), the ones the "
+           "augmentation trains the network to treat alike, and the class probabilities averaged: the threshold sits "
+           "in the tail of P(defect), where one view's score is noisy (quickstart: accuracy at the threshold 96.8 -> "
+           f"98.5 %); scoring {n_scored} images so takes ~{cost(n):.0f} s, within {VIEWS_SHARE:.0%} of the budget. "
+           f"Inspection pays the same {n}x per part")
+    if n == 1:
+        why = (f"one view per image: scoring {n_scored} images on 2 views would take ~{cost(2):.0f} s, over "
+               f"{VIEWS_SHARE:.0%} of the budget")
+    return Decision("model.views", n, why)
 
 
 def cache(n_train: int, side: int) -> Decision:

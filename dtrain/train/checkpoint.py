@@ -162,11 +162,14 @@ def remove_stale_temporaries(output_dir: str | Path) -> list[Path]:
 def load_for_inference(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[nn.Module, dict[str, Any]]:
     """The trained network in eval mode, and what is needed to feed it and read it."""
     from dtrain.models import ModelConfig, build_model
+    from dtrain.models.views import with_views
 
     ckpt = load(path, require=INFERENCE_KEYS)
     model_cfg = ModelConfig.model_validate({**ckpt["config"]["model"], "pretrained": None})
     model = build_model(model_cfg, len(ckpt["classes"]))
     model.load_state_dict(ckpt["model"])
+    # Every consumer of a trained network scores it alike, on the views it was trained for.
+    model = with_views(model, model_cfg.views)
     model.to(map_location).eval()
     meta = {k: ckpt[k] for k in ("classes", "negative_class", "image_size", "mean", "std", "config")}
     # "run": what trained it (dtrain.train.facts); absent in checkpoints before it existed.

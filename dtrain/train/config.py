@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from dtrain.configio import StrictModel
 from dtrain.data.config import DataConfig
@@ -64,3 +64,12 @@ class TrainConfig(StrictModel):
     threads: int | None = Field(None, ge=1)
     # torch.compile the model (first steps pay the compile time).
     compile: bool = False
+
+    @model_validator(mode="after")
+    def _views_need_augmentation(self) -> TrainConfig:
+        # A network never shown a flipped or turned part has no reason to score it alike:
+        # averaging over such views would mix in guesses, not an ensemble.
+        if self.model.views > 1 and not self.data.augment:
+            raise ValueError(f"model.views {self.model.views} needs data.augment: true (the training augmentation draws "
+                             "the flips and quarter turns the views average over); set model.views: 1 otherwise")
+        return self
