@@ -64,7 +64,7 @@ def test_quickstart_tiny(tmp_path, dtrain_cmd, dtrain_home):
     assert exported.returncode == 0, exported.stderr[-3000:]
     card = json.loads((model_dir / "model.json").read_text())
     assert card["arch"] == report["config"]["model"]["arch"] and card["threshold_rule"] == "bound95"
-    assert card["verification"]["ort-fp32"]["verdict_agreement"] == 1.0
+    assert card["verification"]["ort-fp32"]["verdict_agreement"] == 1.0 and card["views"] == 8
 
     # A second run reuses the data set rather than synthesising it again.
     again = subprocess.run(argv, capture_output=True, text=True, timeout=600)

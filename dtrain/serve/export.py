@@ -197,6 +197,7 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
             arch=meta["config"]["model"]["arch"],
             checkpoint=str(Path(opts.checkpoint).resolve()),
             preprocessing=Preprocessing(image_size=size, mean=list(meta["mean"]), std=list(meta["std"])),
+            views=int(meta["config"]["model"].get("views", 1)),
             classes=classes,
             negative_class=negative,
             threshold=threshold,

@@ -58,6 +58,9 @@ class ModelCard(StrictModel):
     arch: str
     checkpoint: str
     preprocessing: Preprocessing
+    # Each part is scored on this many of its symmetries inside the network (model.views,
+    # dtrain/models/views.py): the throughput figures are parts per second, views included.
+    views: int = Field(1, ge=1)
     classes: list[str]
     negative_class: str | None  # None: a classifier (no defect-free class); verdicts are "defect" + class
     threshold: float = Field(ge=0.0, le=1.0)
