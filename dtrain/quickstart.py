@@ -65,7 +65,7 @@ TRAIN = {
     # augmentation trains for, probabilities averaged. The threshold sits in P(defect)'s
     # tail, where one view is noisy: seed 0 bf16 and seed 2 fp32 went from 96.8 % accuracy
     # at the threshold to 98.5 % and 97.3 % (BENCHMARKS.md, "Quickstart", session 12). It
-    # costs 8x the inference: ~20 s of the quickstart's evaluation.
+    # costs 8x the inference: ~45 s more of the quickstart's evaluation.
     "model": {"arch": "small_resnet", "pool": "avgmax", "views": 8},
     # Per rank (global 64 on 2 ranks): batch 32 keeps one CPU thread per rank busy;
     # batch 16 ran at half the images per CPU-second.

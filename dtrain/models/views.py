@@ -9,9 +9,9 @@ class probabilities over them is an ensemble that costs no training. Measured on
 quickstart's two runs that missed the accuracy target (BENCHMARKS.md, "Session 12"): 8
 views moved accuracy at the bound95 threshold from 96.8 % to 98.5 % and 97.3 %.
 
-The average is of probabilities, returned as their logarithm (computed as a log-sum-exp), so every consumer that
-applies a softmax to the network's output (evaluation, export, the runtime) reads the
-averaged probabilities unchanged. The views go through the network as one batch (8x the
+The average is of probabilities, returned as their logarithm (a log-sum-exp), so every
+consumer that applies a softmax to the network's output (evaluation, export, the runtime)
+reads the averaged probabilities unchanged. The views go through the network as one batch (8x the
 images, one call), and the module exports to ONNX and torch.export like the network: a
 flip is a reversed slice, a quarter turn a transpose plus a flip.
 """
@@ -24,14 +24,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-VIEW_COUNTS = (1, 2, 4, 8)
+VIEW_COUNTS = (1, 2, 4, 8)  # ModelConfig.views: the first n of the order below
+
+
+def _check(n: int) -> None:
+    if n not in VIEW_COUNTS:
+        raise ValueError(f"views must be one of {VIEW_COUNTS}, got {n}")
 
 
 def views(x: torch.Tensor, n: int) -> list[torch.Tensor]:
     """The first `n` of the square's 8 symmetries of a [B, C, H, W] batch (H == W): identity,
     left-right flip, up-down flip, half turn, then the same four of the transposed image."""
-    if n not in VIEW_COUNTS:
-        raise ValueError(f"views must be one of {VIEW_COUNTS}, got {n}")
+    _check(n)
     t = x.transpose(2, 3)
     out = [x, x.flip(3), x.flip(2), x.flip(2, 3), t, t.flip(3), t.flip(2), t.flip(2, 3)]
     return out[:n]
@@ -42,8 +46,7 @@ class ViewAverage(nn.Module):
 
     def __init__(self, net: nn.Module, n: int) -> None:
         super().__init__()
-        if n not in VIEW_COUNTS:
-            raise ValueError(f"views must be one of {VIEW_COUNTS}, got {n}")
+        _check(n)
         self.net, self.n = net, n
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

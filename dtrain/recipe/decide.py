@@ -176,15 +176,15 @@ def inference_views(n_scored: int, seconds_per_image: float, budget_s: float) ->
     allowed = VIEWS_SHARE * budget_s
     cost = lambda n: n_scored * n * seconds_per_image * FORWARD_COST  # noqa: E731
     n = next((v for v in (8, 4, 2) if cost(v) <= allowed), 1)
+    if n == 1:
+        return Decision("model.views", 1, f"one view per image: scoring {n_scored} images on 2 views would take "
+                                          f"~{cost(2):.0f} s, over {VIEWS_SHARE:.0%} of the budget")
     why = (f"each image is scored on {n} of its symmetries (flips{', quarter turns' if n == 8 else ''}), the ones the "
            "augmentation trains the network to treat alike, and the class probabilities averaged: an ensemble the "
            "augmentation already paid for, steadiest where one view is noisy, in the tail of P(defect) where an "
            "inspection threshold sits and between look-alike classes (quickstart: accuracy at the threshold 96.8 -> "
            f"98.5 %); scoring {n_scored} images so takes ~{cost(n):.0f} s, within {VIEWS_SHARE:.0%} of the budget. "
            f"Inspection pays the same {n}x per part")
-    if n == 1:
-        why = (f"one view per image: scoring {n_scored} images on 2 views would take ~{cost(2):.0f} s, over "
-               f"{VIEWS_SHARE:.0%} of the budget")
     return Decision("model.views", n, why)
 
 
