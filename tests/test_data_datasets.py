@@ -279,3 +279,39 @@ def test_augmentation_covers_all_eight_orientations_and_keeps_colour():
     coloured[0], coloured[1], coloured[2] = 180, 120, 60  # rust-like
     out = InspectionAugment(0.1, 0.1)(coloured).float()
     assert out[0].mean() > out[1].mean() > out[2].mean()
+
+
+def test_augmentation_shift_moves_a_defect_within_its_bound():
+    from dtrain.data.transforms import InspectionAugment
+
+    img = torch.full((3, 32, 32), 100, dtype=torch.uint8)
+    img[:, 15, 16] = 250  # one bright pixel: where it lands says how far the picture moved
+    aug = InspectionAugment(0.0, 0.0, shift=0.125)  # up to 4 px each way at 32 px
+    torch.manual_seed(0)
+    moves = set()
+    for _ in range(300):
+        out = aug(img)
+        assert out.shape == img.shape and out.dtype == torch.uint8
+        # Undo the symmetry: the dark edge is a full row or column on one of the four sides.
+        (y,), (x,) = [t.unique() for t in torch.nonzero(out[0] == 250, as_tuple=True)]
+        moves.add((int(y), int(x)))
+        assert (out[0] == 100).sum() == 32 * 32 - 1  # the mirrored border is the part's own surface
+    # Every landing spot is within 4 px of the centre (under any of the 8 symmetries), and there are many.
+    assert len(moves) > 30
+    assert all(11 <= y <= 20 and 11 <= x <= 20 for y, x in moves)
+    # Without a shift, the same seed draws the same 4 numbers as before the option existed.
+    torch.manual_seed(1)
+    plain = InspectionAugment(0.1, 0.1)(img)
+    torch.manual_seed(1)
+    assert torch.equal(plain, InspectionAugment(0.1, 0.1, shift=0.0)(img))
+    with pytest.raises(ValueError, match="shift"):
+        InspectionAugment(0.1, 0.1, shift=0.5)
+
+
+def test_shift_mirrors_the_uncovered_border():
+    from dtrain.data.transforms import _shift
+
+    row = torch.arange(8, dtype=torch.float32).expand(1, 8, 8)
+    moved = _shift(row, 0.25, 1.0, 0.0)  # 2 px to the right
+    assert moved[0, 0].tolist() == [2, 1, 0, 1, 2, 3, 4, 5]
+    assert torch.equal(_shift(row, 0.25, 0.0, 0.0), row)

@@ -63,7 +63,9 @@ def test_validation_and_negative_class_decisions():
     assert fields["val_every_epoch"] is True and fields["keep_best"] is True
     none = {d.field: d.value for d in D.plan(_stats(val={}, negative=None))}
     assert none["val_every_epoch"] is False and none["keep_best"] is False and none["data.negative_class"] is None
-    assert "grey" in D.augmentation(_stats(grey=1.0)).reason
+    augment, shift = D.augmentation(_stats(grey=1.0))
+    assert "grey" in augment.reason and augment.value is True
+    assert shift.field == "data.shift" and 0 < shift.value <= 0.25
 
 
 def test_every_decision_is_a_trainconfig_field():
@@ -72,6 +74,7 @@ def test_every_decision_is_a_trainconfig_field():
     cfg = validate(TrainConfig, _merged(TRAIN, D.as_config(decisions)), "the recipe")
     assert cfg.data.image_size == 128 and cfg.data.sampling == "sqrt_inverse" and cfg.keep_best
     assert cfg.model.input_norm == "per_image" and cfg.model.pool == "avgmax"
+    assert cfg.data.augment and cfg.data.shift == D.SHIFT
 
 
 def test_gather_reads_counts_sizes_and_colour(synth_data):

@@ -27,6 +27,9 @@ class DataConfig(StrictModel):
     image_size: int = Field(64, ge=16, le=2048)
     num_workers: int = Field(2, ge=0)
     augment: bool = True
+    # With augment: shift each training image by up to this share of its side in x and y,
+    # the border mirrored (dtrain/data/transforms.py). 0 = no shift.
+    shift: float = Field(0.0, ge=0, le=0.25)
     # How each epoch's training images are drawn. "uniform": a permutation, every image once.
     # "sqrt_inverse": with replacement, class c drawn in proportion to sqrt(n_c) (so each of
     # its images with weight 1/sqrt(n_c)): a class of 30 images among 1500 OK ones then fills

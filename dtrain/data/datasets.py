@@ -149,7 +149,7 @@ def open_split(cfg: DataConfig, split: str, *, train: bool) -> Dataset:
         listing.classes,
         listing.negative_index,
         cfg.image_size,
-        transform=train_augmentation() if (train and cfg.augment) else None,
+        transform=train_augmentation(cfg.shift) if (train and cfg.augment) else None,
         cache_decoded=cfg.cache_decoded,
     )
 

@@ -271,6 +271,6 @@ def open_shard_split(cfg: DataConfig, split: str, *, train: bool) -> ShardDatase
         rows,
         paths,
         cfg.image_size,
-        transform=train_augmentation() if (train and cfg.augment) else None,
+        transform=train_augmentation(cfg.shift) if (train and cfg.augment) else None,
         cache=cache,
     )

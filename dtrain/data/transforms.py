@@ -110,7 +110,15 @@ class InspectionAugment(v2.Transform):
       unlike free rotation or crops it needs no interpolation and never cuts a defect off;
     - brightness and contrast factors in [1 - b, 1 + b] and [1 - c, 1 + c], contrast
       around the mean grey level (as v2.ColorJitter, within 2 grey levels). Hue and
-      saturation stay untouched: a stain keeps its colour.
+      saturation stay untouched: a stain keeps its colour;
+    - optionally (`shift` > 0) a translation by up to `shift` of the side in x and y,
+      the uncovered border filled by mirroring the picture's own edge. A defect may sit
+      anywhere on a part, so a shifted part keeps its label; on a small training set it is
+      the augmentation that keeps the network from memorising where each defect lies.
+      Mirroring (not a wrap-around or a constant) leaves no straight seam that could read
+      as a scratch. A shift of an eighth cuts off at most the outer eighth of the picture
+      on one side, where the symmetries above have already moved any defect elsewhere
+      as often.
 
     Draws from torch's RNG only (one call), so a caller that seeds torch per sample
     (dtrain.train.loaders.SeededSamples) gets reproducible augmentation.
@@ -119,17 +127,22 @@ class InspectionAugment(v2.Transform):
     _GREY = (0.299, 0.587, 0.114)
     _transformed_types = (torch.Tensor,)  # plain tensors and tv_tensors.Image
 
-    def __init__(self, brightness: float = 0.1, contrast: float = 0.1) -> None:
+    def __init__(self, brightness: float = 0.1, contrast: float = 0.1, shift: float = 0.0) -> None:
         super().__init__()
-        self.brightness, self.contrast = brightness, contrast
+        if not 0 <= shift < 0.5:
+            raise ValueError(f"shift must be in [0, 0.5), got {shift}")
+        self.brightness, self.contrast, self.shift = brightness, contrast, shift
 
     def make_params(self, flat_inputs: list[Any]) -> dict[str, Any]:
-        r_rot, r_flip, r_b, r_c = torch.rand(4).tolist()
+        # Without a shift, exactly the 4 draws of old: seeded runs augment as they did.
+        r = torch.rand(6 if self.shift else 4).tolist()
+        r_rot, r_flip, r_b, r_c = r[:4]
         return {
             "k": int(r_rot * 4),
             "flip": r_flip < 0.5,
             "fb": 1 + (2 * r_b - 1) * self.brightness,
             "fc": 1 + (2 * r_c - 1) * self.contrast,
+            "dxy": [2 * t - 1 for t in r[4:]],  # each in [-1, 1): a share of the largest shift
         }
 
     def transform(self, inpt: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
@@ -141,8 +154,24 @@ class InspectionAugment(v2.Transform):
         grey = sum(w * m for w, m in zip(self._GREY, x.mean(dim=(-2, -1)).tolist()))
         # + 0.5 then truncation in the cast = rounding, for the non-negative values left.
         x.mul_(fb * fc).add_((1 - fc) * fb * grey + 0.5)
+        if params.get("dxy"):
+            x = _shift(x, self.shift, *params["dxy"])
         return x.clamp_(0, 255).to(torch.uint8)
 
 
-def train_augmentation() -> InspectionAugment:
-    return InspectionAugment(brightness=0.1, contrast=0.1)
+def _shift(x: torch.Tensor, shift: float, fx: float, fy: float) -> torch.Tensor:
+    """float [..., H, W] moved by fx * shift * W and fy * shift * H pixels (fx, fy in [-1, 1]),
+    the uncovered border mirrored from the picture's edge; same shape out."""
+    h, w = x.shape[-2:]
+    px, py = min(int(shift * w), w - 1), min(int(shift * h), h - 1)
+    dx, dy = round(fx * px), round(fy * py)
+    if not (dx or dy):
+        return x
+    padded = torch.nn.functional.pad(x.unsqueeze(0) if x.ndim == 3 else x, (px, px, py, py), mode="reflect")
+    if x.ndim == 3:
+        padded = padded.squeeze(0)
+    return padded[..., py - dy: py - dy + h, px - dx: px - dx + w]
+
+
+def train_augmentation(shift: float = 0.0) -> InspectionAugment:
+    return InspectionAugment(brightness=0.1, contrast=0.1, shift=shift)
