@@ -49,7 +49,14 @@ def quantize_int8(fp32_path: Path, out_path: Path, calibration: np.ndarray) -> N
         # Shape inference + graph optimisation (conv+BN folding) first, as ORT advises:
         # ranges are then calibrated on the tensors that really get quantised.
         prepared = Path(tmp) / "prepared.onnx"
-        quant_pre_process(str(fp32_path), str(prepared))
+        try:
+            quant_pre_process(str(fp32_path), str(prepared))
+        except TypeError:
+            # ORT's symbolic shape inference (meant for transformers' dynamic shapes) cannot
+            # follow the reshape by which a network scored on several views
+            # (dtrain/models/views.py) regroups its batch: it fails with a TypeError.
+            # ONNX's own shape inference, which still runs, is all a CNN needs.
+            quant_pre_process(str(fp32_path), str(prepared), skip_symbolic_shape=True)
         quantize_static(
             str(prepared),
             str(out_path),
