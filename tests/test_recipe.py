@@ -50,7 +50,7 @@ def test_rare_classes_are_drawn_more_often_and_named_in_a_note():
 
 
 def test_epochs_from_a_budget_of_images_seen():
-    assert D.epochs(1800).value == 34  # ceil(60000 / 1800)
+    assert D.epochs(1800).value == 50  # 90000 / 1800
     assert D.epochs(600_000).value == D.MIN_EPOCHS
     assert D.epochs(150).value == D.MAX_EPOCHS
     # A wall-clock cut below the budget wins over MIN_EPOCHS (floor, at least 1).

@@ -96,13 +96,13 @@ def test_budget_keeps_the_data_side_when_it_fits():
 
 
 def test_budget_shrinks_the_side_to_fit_every_run():
-    # 5 ms per image at 256 px, scaling with pixels; 6 runs in 30 min: 1350 s / 6 - 60 s = 165 s each.
+    # 5 ms per image at 256 px, scaling with pixels; 4 runs in 30 min: 1350 s / 4 - 60 s = 277.5 s each.
     cost = B.scaled(0.005, 256)
-    fit = B.fit_budget(_wanted(256), runs=6, budget_s=1800, seconds_per_image=cost)
-    per_run = 1800 * B.TRAIN_SHARE / 6 - B.RUN_OVERHEAD_S
+    fit = B.fit_budget(_wanted(256), runs=4, budget_s=1800, seconds_per_image=cost)
+    per_run = 1800 * B.TRAIN_SHARE / 4 - B.RUN_OVERHEAD_S
     assert fit.warning is None and per_run / cost(fit.side.value) >= BUDGET_IMAGES
-    assert per_run / cost(fit.side.value + 32) < BUDGET_IMAGES and fit.side.value == 160
-    assert "largest side that affords" in fit.side.reason and "6 run(s)" in fit.reason
+    assert per_run / cost(fit.side.value + 32) < BUDGET_IMAGES and fit.side.value == 192
+    assert "largest side that affords" in fit.side.reason and "4 run(s)" in fit.reason
 
 
 def test_budget_floor_cuts_images_and_warns():
@@ -148,10 +148,10 @@ def test_kfold_is_kept_only_while_every_run_sees_enough_images_at_one_runs_side(
     wanted = _wanted(256)
     k, fit, why = B.fit_folds(wanted, 5, 1800, B.scaled(1e-4, 256))
     assert (k, why, fit.side.value, fit.images_seen) == (5, "", 256, BUDGET_IMAGES)
-    # 6 ms per image at 256 px: one run affords 1290 s / 0.006 = 215 000 images at 256 px; 6 runs 165 s = 27 500 each,
-    # 5 runs 210 s = 35 000 (over half of 60 000): 4 folds, still at 256 px.
-    k, fit, why = B.fit_folds(wanted, 5, 1800, B.scaled(0.006, 256))
-    assert (k, fit.side.value, fit.images_seen) == (4, 256, 35_000) and "lowered from 5 to 4" in why
+    # 4 ms per image at 256 px: one run affords 1290 s / 0.004 = 322 500 images at 256 px; 6 runs 165 s = 41 250 each,
+    # 5 runs 210 s = 52 500 (over half of 90 000): 4 folds, still at 256 px.
+    k, fit, why = B.fit_folds(wanted, 5, 1800, B.scaled(0.004, 256))
+    assert (k, fit.side.value, fit.images_seen) == (4, 256, 52_500) and "lowered from 5 to 4" in why
     # 10 ms: 5 runs see 21 000 each; 3 runs would see 39 000, but fewer than MIN_FOLDS folds are never run.
     k, fit, why = B.fit_folds(wanted, 5, 1800, B.scaled(0.01, 256))
     assert (k, fit.side.value, fit.images_seen) == (0, 256, BUDGET_IMAGES) and "5 runs at 256 px" in why
@@ -159,13 +159,13 @@ def test_kfold_is_kept_only_while_every_run_sees_enough_images_at_one_runs_side(
     k, fit, why = B.fit_folds(wanted, 5, 1800, B.scaled(0.1, 256))
     assert (k, fit.side.value, fit.images_seen) == (0, 128, 51_600)
     # The budget named is one that really keeps 4 folds: more time first raises one run's side, so the folds must
-    # afford 256 px, (30000*0.1+60)*5/0.75 s = 340 min, and still when the rerun's probe measures 10 % slower:
-    # (30000*0.11+60)*5/0.75 s = 373.3 min, rounded up.
-    assert "threshold is chosen on the validation split" in why and "--budget-minutes 374 would afford 4 folds" in why
+    # afford 256 px, (45000*0.1+60)*5/0.75 s = 507 min, and still when the rerun's probe measures 10 % slower:
+    # (45000*0.11+60)*5/0.75 s = 556.7 min, rounded up.
+    assert "threshold is chosen on the validation split" in why and "--budget-minutes 557 would afford 4 folds" in why
     for cost in (0.1, 0.11):
-        assert B.fit_folds(wanted, 5, 374 * 60, B.scaled(cost, 256))[0] == 4
-    assert B.fit_folds(wanted, 5, 340 * 60, B.scaled(0.1, 256))[0] == 4
-    assert B.fit_folds(wanted, 5, 340 * 60, B.scaled(0.11, 256))[0] == 0  # what the hint without slack risked
+        assert B.fit_folds(wanted, 5, 557 * 60, B.scaled(cost, 256))[0] == 4
+    assert B.fit_folds(wanted, 5, 507 * 60, B.scaled(0.1, 256))[0] == 4
+    assert B.fit_folds(wanted, 5, 507 * 60, B.scaled(0.11, 256))[0] == 0  # what the hint without slack risked
     assert B.fit_folds(wanted, 0, 1800, B.scaled(0.1, 256))[0] == 0
 
 

@@ -24,9 +24,11 @@ SIDE_STEP = 32
 # updates, not of epochs. Bold defects (the quickstart) need ~470 steps of 64 images;
 # small faint defects on parts of every finish (the plant profile) were still learning at
 # 900 steps of 32 (validation AUROC 0.96 / 0.98 / 0.98 and loss 0.39 / 0.24 / 0.18 after
-# 300 / 600 / 900 steps): ~940 steps of 64. Small sets get more epochs (the
-# augmentation's 8 symmetries and brightness/contrast keep repeats different).
-BUDGET_IMAGES = 60_000
+# 300 / 600 / 900 steps). The budget buys these before a larger side (recipe/budget.py):
+# on the plant profile 192 px did worse than 160 px at the same images seen, and at the
+# same time 128 px with 90 000 seen beat 160 px with 61 200 (BENCHMARKS.md, sessions 11-13). Small sets get more
+# epochs (the augmentation's symmetries, shifts and brightness/contrast keep repeats different).
+BUDGET_IMAGES = 90_000
 # At least 5 passes, so that every image of a rare class is seen several times; at most
 # 100, past which a small set is memorised rather than learned.
 MIN_EPOCHS, MAX_EPOCHS = 5, 100
