@@ -1,6 +1,6 @@
 """A wall-clock budget -> input side and images seen, from a timed probe of this machine.
 
-The recipe's other decisions say what the data wants (half the native side, ~60 000
+The recipe's other decisions say what the data wants (half the native side, ~90 000
 images seen); this one says what the machine affords in `--budget-minutes`. A short
 probe times a few training steps of the chosen architecture at the chosen side, in
 this process with all of its cores (what the DDP ranks share between them), with the
