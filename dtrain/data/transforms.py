@@ -116,9 +116,9 @@ class InspectionAugment(v2.Transform):
       anywhere on a part, so a shifted part keeps its label; on a small training set it is
       the augmentation that keeps the network from memorising where each defect lies.
       Mirroring (not a wrap-around or a constant) leaves no straight seam that could read
-      as a scratch. A shift of an eighth cuts off at most the outer eighth of the picture
-      on one side, where the symmetries above have already moved any defect elsewhere
-      as often.
+      as a scratch. The price: a shift of an eighth pushes up to the outer eighth of the
+      picture out on one side, so a defect lying wholly in that strip is lost for that
+      one draw (the next draw of the same image shifts another way).
 
     Draws from torch's RNG only (one call), so a caller that seeds torch per sample
     (dtrain.train.loaders.SeededSamples) gets reproducible augmentation.

@@ -25,9 +25,10 @@ SIDE_STEP = 32
 # small faint defects on parts of every finish (the plant profile) were still learning at
 # 900 steps of 32 (validation AUROC 0.96 / 0.98 / 0.98 and loss 0.39 / 0.24 / 0.18 after
 # 300 / 600 / 900 steps). The budget buys these before a larger side (recipe/budget.py):
-# on the plant profile 192 px did worse than 160 px at the same images seen, and at the
-# same time 128 px with 90 000 seen beat 160 px with 61 200 (BENCHMARKS.md, sessions 11-13). Small sets get more
-# epochs (the augmentation's symmetries, shifts and brightness/contrast keep repeats different).
+# on the plant profile 192 px did worse than 160 px at the same images seen, and in the
+# same time 128 px with 90 000 seen beat 160 px with 61 200 on AUROC and on the best
+# no-miss threshold (BENCHMARKS.md, sessions 11-13). Small sets get more epochs (the
+# augmentation's symmetries, shifts and brightness/contrast keep repeats different).
 BUDGET_IMAGES = 90_000
 # At least 5 passes, so that every image of a rare class is seen several times; at most
 # 100, past which a small set is memorised rather than learned.
@@ -41,9 +42,9 @@ RARE = 20
 # decode-once cache budget per training process (data.cache_decoded).
 CACHE_BYTES = 1 << 30
 BATCH_SIZE = 32  # per rank, as the quickstart: keeps one CPU thread per rank busy
-# Training images are shifted by up to this share of their side (data.shift): enough to
-# move a defect by several of its own widths, small enough that at most the picture's
-# outer eighth leaves it on one side.
+# Training images are shifted by up to this share of their side (data.shift): a small
+# defect moves by many of its own widths, and at most the picture's outer eighth leaves
+# it on one side.
 SHIFT = 0.125
 # Views per image at inference (dtrain/models/views.py): all 8 of the augmentation's
 # symmetries while scoring what the recipe predicts (validation, test, out-of-fold) stays
