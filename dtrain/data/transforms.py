@@ -167,9 +167,7 @@ def _shift(x: torch.Tensor, shift: float, fx: float, fy: float) -> torch.Tensor:
     dx, dy = round(fx * px), round(fy * py)
     if not (dx or dy):
         return x
-    padded = torch.nn.functional.pad(x.unsqueeze(0) if x.ndim == 3 else x, (px, px, py, py), mode="reflect")
-    if x.ndim == 3:
-        padded = padded.squeeze(0)
+    padded = torch.nn.functional.pad(x, (px, px, py, py), mode="reflect")  # [C, H, W] or [B, C, H, W]
     return padded[..., py - dy: py - dy + h, px - dx: px - dx + w]
 
 
