@@ -8,12 +8,15 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from dtrain.paths import write_text_atomic
 
 METRICS_FILE = "metrics.jsonl"
 TB_DIR = "tensorboard"
+# Without a terminal: one progress line per this many seconds (a few dozen in a long run).
+PLAIN_EVERY_S = 30.0
 
 
 def drop_rows_after(path: Path, step: int) -> None:
@@ -45,9 +48,13 @@ class NullLog:
 class RunLog(NullLog):
     """metrics.jsonl + TensorBoard + a rich progress bar on `stream`."""
 
-    def __init__(self, output_dir: str | Path, stream: TextIO, *, resume_step: int | None = None) -> None:
+    def __init__(
+        self, output_dir: str | Path, stream: TextIO, *, resume_step: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         """`resume_step`: the step a resumed run continues after (0 when --resume found no
-        checkpoint); None for a run that was not asked to resume."""
+        checkpoint); None for a run that was not asked to resume. `clock`: seconds, for
+        the plain progress lines' pace and time left."""
         from rich.console import Console
         from torch.utils.tensorboard import SummaryWriter
 
@@ -63,10 +70,17 @@ class RunLog(NullLog):
         self.console = Console(file=stream, stderr=False, highlight=False)
         self.progress = None
         self.task = None
+        self.plain: PlainProgress | None = None
+        self.clock = clock
 
     def start(self, total_steps: int, done_steps: int, description: str) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+        if not self.console.is_terminal:
+            # Under the launcher (and in any log file) stdout is a pipe: a rich bar draws
+            # nothing there until it stops, so a long run would look hung. Plain lines instead.
+            self.plain = PlainProgress(total_steps, done_steps, self.clock)
+            return
         self.progress = Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
             console=self.console, transient=False,
@@ -90,6 +104,10 @@ class RunLog(NullLog):
     def advance(self, steps: int, description: str) -> None:
         if self.progress is not None:
             self.progress.update(self.task, advance=steps, description=description)
+        elif self.plain is not None:
+            line = self.plain.advance(steps, description)
+            if line:
+                self.console.print(line)
 
     def message(self, text: str) -> None:
         self.console.print(text)
@@ -99,3 +117,27 @@ class RunLog(NullLog):
             self.progress.stop()
         self.tb.close()
         self.jsonl.close()
+
+
+class PlainProgress:
+    """Progress as one line per PLAIN_EVERY_S seconds (and one at the last step), for a console
+    that is not a terminal: `step 180/558 (32 %) epoch 2/6 loss 0.1880, ~14 min left`."""
+
+    def __init__(self, total: int, done: int, clock: Callable[[], float]) -> None:
+        self.total, self.done, self.clock = total, done, clock
+        # The pace counts only this process's steps: a resumed run's earlier ones took no time here.
+        self.t0, self.done0 = clock(), done
+        self.last = self.t0
+
+    def advance(self, steps: int, description: str) -> str | None:
+        self.done += steps
+        now = self.clock()
+        if now - self.last < PLAIN_EVERY_S and self.done < self.total:
+            return None
+        self.last = now
+        pct = 100 * self.done / max(self.total, 1)
+        line = f"step {self.done}/{self.total} ({pct:.0f} %) {description}"
+        if self.done < self.total and self.done > self.done0:
+            left = (now - self.t0) / (self.done - self.done0) * (self.total - self.done)
+            line += f", ~{left / 60:.0f} min left" if left >= 120 else f", ~{left:.0f} s left"
+        return line
