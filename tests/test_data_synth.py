@@ -111,8 +111,21 @@ QUICKSTART_PIXELS = {
     (0, 0, 1, 3, 64, 0.0): "97c4a34141773c20",
     (3, 1, 2, 5, 64, 0.5): "32b26e394a2c752c",
     (1, 2, 3, 7, 96, 1.0): "16e8d5dc663bf069",
-    (0, 2, 5, 2, 300, 0.5): "1d2d92b87699d314",
+    (0, 2, 5, 2, 300, 0.5): {"avx512": "1d2d92b87699d314", "avx2": "74331815f3048fa4"},
 }
+
+
+def simd_path() -> str:
+    """Which of numpy's SIMD code paths this CPU takes. With AVX-512, exp/sin/power run other
+    code than with AVX2 alone (SVML), and a float's last bits differ. A 300 px image is drawn
+    without supersampling, and some of its pixels then round differently (seen on an AVX2-only
+    EPYC with numpy 2.3 and 2.4, scipy 1.15 and 1.17 alike). The 64-96 px images come out the
+    same on both paths."""
+    from numpy._core._multiarray_umath import __cpu_features__ as cpu
+
+    return "avx512" if cpu.get("AVX512_SKX") else "avx2" if cpu.get("AVX2") else "other"
+
+
 QUICKSTART_FILES = {
     "train/ok/ok_00000.png": "1e38be5a545d65ac",
     "val/crack/crack_00000.png": "8a5f3fc2fdc40fca",
@@ -126,6 +139,10 @@ def test_quickstart_profile_is_byte_identical_to_before_profiles(tmp_path):
     def digest(data: bytes) -> str:
         return hashlib.sha256(data).hexdigest()[:16]
 
-    assert {args: digest(render_image(*args).tobytes()) for args in QUICKSTART_PIXELS} == QUICKSTART_PIXELS
+    path = simd_path()
+    if path == "other":
+        pytest.skip("the quickstart's pixels are pinned for numpy's AVX2 and AVX-512 code paths only")
+    want = {args: d[path] if isinstance(d, dict) else d for args, d in QUICKSTART_PIXELS.items()}
+    assert {args: digest(render_image(*args).tobytes()) for args in QUICKSTART_PIXELS} == want
     synthesize(tmp_path, images=36, size=24, seed=7)
     assert {name: digest((tmp_path / name).read_bytes()) for name in QUICKSTART_FILES} == QUICKSTART_FILES
