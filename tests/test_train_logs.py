@@ -55,3 +55,13 @@ def test_run_log_without_a_terminal_prints_plain_lines(tmp_path):
         "step 3/4 (75 %) epoch 1/1 loss 0.3333, ~30 s left",
         "step 4/4 (100 %) epoch 1/1 loss 0.2500",
     ]
+
+
+def test_run_log_messages_stay_whole_lines_of_plain_text(tmp_path):
+    out = io.StringIO()
+    log = RunLog(tmp_path, out)
+    long = "negative class: ok " + "x" * 150 + " (see [data] in train.yaml)"
+    log.message(long)
+    log.close()
+    # One line, brackets kept: not broken at 80 columns, not read as rich markup.
+    assert out.getvalue() == long + "\n"

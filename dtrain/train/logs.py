@@ -107,10 +107,16 @@ class RunLog(NullLog):
         elif self.plain is not None:
             line = self.plain.advance(steps, description)
             if line:
-                self.console.print(line)
+                self._print(line)
 
     def message(self, text: str) -> None:
-        self.console.print(text)
+        self._print(text)
+
+    def _print(self, text: str) -> None:
+        # Plain text: a path or class name in brackets is not rich markup, and a long line
+        # stays one line (off a terminal rich would break it at its 80-column default,
+        # leaving the launcher's rank prefix on a fragment).
+        self.console.print(text, markup=False, soft_wrap=True)
 
     def close(self) -> None:
         if self.progress is not None:
