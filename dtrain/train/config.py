@@ -58,6 +58,11 @@ class TrainConfig(StrictModel):
     # decay (ramped in over the first steps, dtrain/train/ema.py); None = the last step's.
     ema_decay: float | None = Field(None, gt=0, lt=1)
     max_steps: int | None = Field(None, ge=1)  # stop early (tests, benchmarks)
+    # Wall seconds the training loop may take (epochs with their validation and checkpoints;
+    # not process start-up). At every epoch end the trainer fits the epochs still to run into
+    # what is left, at the pace measured so far, never above `epochs`, and refits the
+    # learning-rate decay to end on the last one (train/deadline.py). None: exactly `epochs`.
+    time_budget_s: float | None = Field(None, gt=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # torch intra-op threads per rank; None = this node's cores / its number of ranks
     # (more threads than cores makes every rank's OpenMP spin against the others).

@@ -41,6 +41,7 @@ class NullLog:
     def train(self, step: int, epoch: int, values: dict[str, float]) -> None: ...
     def eval(self, step: int, epoch: int, values: dict[str, float]) -> None: ...
     def advance(self, steps: int, description: str) -> None: ...
+    def retotal(self, total_steps: int) -> None: ...
     def message(self, text: str) -> None: ...
     def close(self) -> None: ...
 
@@ -108,6 +109,13 @@ class RunLog(NullLog):
             line = self.plain.advance(steps, description)
             if line:
                 self._print(line)
+
+    def retotal(self, total_steps: int) -> None:
+        """The run's steps changed (a time budget cut its epochs)."""
+        if self.progress is not None:
+            self.progress.update(self.task, total=total_steps)
+        elif self.plain is not None:
+            self.plain.total = total_steps
 
     def message(self, text: str) -> None:
         self._print(text)

@@ -17,10 +17,20 @@ def warmup_cosine(step: int, total_steps: int, warmup_steps: int, min_ratio: flo
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+class WarmupCosine:
+    """`warmup_cosine` as a LambdaLR multiplier whose `total_steps` may be lowered mid-run:
+    a time budget (train/deadline.py) then ends the decay on the last epoch it affords
+    instead of stopping with the learning rate still high."""
+
+    def __init__(self, total_steps: int, warmup_steps: int, min_ratio: float) -> None:
+        self.total_steps, self.warmup_steps, self.min_ratio = total_steps, warmup_steps, min_ratio
+
+    def __call__(self, step: int) -> float:
+        return warmup_cosine(step, self.total_steps, self.warmup_steps, self.min_ratio)
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int, min_ratio: float):
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: warmup_cosine(step, total_steps, warmup_steps, min_ratio)
-    )
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(total_steps, warmup_steps, min_ratio))
 
 
 def build_optimizer(model: torch.nn.Module, name: str, lr: float, weight_decay: float, momentum: float) -> torch.optim.Optimizer:

@@ -28,7 +28,7 @@ from dtrain.errors import ConfigError
 from dtrain.models import build_model
 from dtrain.monitor.rank.client import report_step
 from dtrain.train import checkpoint as ckpt
-from dtrain.train import dist, precision
+from dtrain.train import deadline, dist, precision
 from dtrain.train.ema import WeightAverage
 from dtrain.train.facts import describe, run_facts
 from dtrain.train.config import TrainConfig
@@ -104,7 +104,12 @@ class _Trainer:
                 f"no full step per epoch: {per_rank} training images per rank, batch_size {cfg.batch_size} x grad_accum {cfg.grad_accum}",
                 "lower batch_size or grad_accum, or use more images",
             )
+        # The epochs this run trains: cfg.epochs, unless a time budget cuts them (refit).
+        self.epochs = cfg.epochs
         self.total_steps = self.steps_per_epoch * cfg.epochs
+        # Training seconds of the runs this one resumes (their checkpoints' train_seconds).
+        self.seconds_before = 0.0
+        self.t_loop = time.perf_counter()
         self.loss_weight = loss_weights(cfg.loss_class_weights, self.data.train_set, len(self.data.classes), ctx.device)
         self.stream = stream
         self.log: NullLog = NullLog()
@@ -143,9 +148,14 @@ class _Trainer:
             state.ema.load(blob["model"], int(blob.get("ema_updates", 0)))
         state.optimizer.load_state_dict(blob["optimizer"])
         state.scheduler.load_state_dict(blob["scheduler"])
+        # The saved state carries the saved run's total; this run's config says how long it is.
+        state.scheduler.lr_lambdas[0].total_steps = self.total_steps
         state.scaler.load_state_dict(blob["scaler"])
         state.epoch, state.step, state.step_in_epoch = blob["epoch"], blob["step"], blob["step_in_epoch"]
         state.best_val_loss = float(blob.get("best_val_loss", float("inf")))
+        if self.cfg.time_budget_s is not None:  # the budget spans the resumed runs
+            self.seconds_before = float(blob.get("train_seconds", 0.0))
+            self.set_epochs(state, min(self.cfg.epochs, int(blob.get("epochs_planned", self.cfg.epochs))))
         if blob["world_size"] == self.ctx.world_size:
             ckpt.set_rng_state(blob["rng"][self.ctx.rank])
         elif state.step_in_epoch:
@@ -170,7 +180,8 @@ class _Trainer:
                 self.log.message(resumed)
             self.log.message(
                 f"training {cfg.model.arch} on {len(self.data.classes)} classes: world {ctx.world_size} on {ctx.device.type}, "
-                f"precision {self.precision.name}, {self.steps_per_epoch} steps/epoch x {cfg.epochs} epochs"
+                f"precision {self.precision.name}, {self.steps_per_epoch} steps/epoch x {self.epochs} epochs"
+                + (f", a time budget of {deadline.minutes(cfg.time_budget_s)}" if cfg.time_budget_s else "")
             )
             self.log.message(f"run: {describe(self.facts)}")
             if self.data.negative_index is None:
@@ -180,25 +191,53 @@ class _Trainer:
                                  "the class named like defect-free parts; set data.negative_class if it is not)")
         last_path: Path | None = None
         try:
-            self.log.start(self.total_steps, state.step, f"epoch {state.epoch + 1}/{cfg.epochs}")
-            while state.epoch < cfg.epochs and not self.reached_max(state):
+            self.log.start(self.total_steps, state.step, f"epoch {state.epoch + 1}/{self.epochs}")
+            self.t_loop = mark = time.perf_counter()
+            mark_step = state.step
+            while state.epoch < self.epochs and not self.reached_max(state):
                 self.train_epoch(state)
                 if state.step_in_epoch < self.steps_per_epoch:  # stopped by max_steps
                     last_path = self.save(state, epoch_end=False)
                     break
                 state.epoch, state.step_in_epoch = state.epoch + 1, 0
                 val_loss = self.evaluate(state)
+                if cfg.time_budget_s is not None:
+                    self.refit(state, time.perf_counter() - mark, state.step - mark_step)
+                    mark, mark_step = time.perf_counter(), state.step
                 # val_loss is all-reduced: every rank takes the same branch (save is collective).
                 best = cfg.keep_best and val_loss is not None and val_loss < state.best_val_loss
                 if best:
                     state.best_val_loss = val_loss
-                if best or state.epoch % cfg.checkpoint_every == 0 or state.epoch == cfg.epochs or self.reached_max(state):
+                if best or state.epoch % cfg.checkpoint_every == 0 or state.epoch == self.epochs or self.reached_max(state):
                     last_path = self.save(state, epoch_end=True)
                     if best and ctx.is_main:
                         ckpt.publish_last(last_path, ckpt.BEST)
         finally:
             self.log.close()
         return TrainResult(ctx.world_size, state.epoch, state.step, last_path or ckpt.find_resume(cfg.output_dir), self.last_metrics)
+
+    def refit(self, state: State, since_s: float, steps: int) -> None:
+        """At an epoch end: the epochs that fit the time budget (train/deadline.py).
+
+        `since_s`: seconds since the last epoch end (or the loop's start), `steps`: the steps
+        run in them: a resumed run's first epoch may be a part of one, so the pace is per step.
+        The ranks average their clocks: every rank must decide alike (the loop is collective)."""
+        epoch_s = since_s * self.steps_per_epoch / max(steps, 1)
+        elapsed_s, epoch_s = dist.all_reduce_mean([self.train_seconds(), epoch_s], self.ctx)
+        old = self.epochs
+        new = deadline.epochs_within(self.cfg.time_budget_s, elapsed_s, epoch_s, state.epoch, self.cfg.epochs)
+        if new != old:
+            self.log.message(deadline.refit_message(old, new, state.epoch, epoch_s, elapsed_s, self.cfg.time_budget_s))
+            self.set_epochs(state, new)
+
+    def set_epochs(self, state: State, epochs: int) -> None:
+        self.epochs = epochs
+        self.total_steps = self.steps_per_epoch * epochs
+        state.scheduler.lr_lambdas[0].total_steps = self.total_steps
+        self.log.retotal(self.total_steps)
+
+    def train_seconds(self) -> float:
+        return self.seconds_before + time.perf_counter() - self.t_loop
 
     def reached_max(self, state: State) -> bool:
         return self.cfg.max_steps is not None and state.step >= self.cfg.max_steps
@@ -252,7 +291,7 @@ class _Trainer:
             window.steps += 1
             if state.step % cfg.log_every == 0 or state.step_in_epoch == self.steps_per_epoch:
                 self.flush_window(state, window, lr)
-            self.log.advance(1, f"epoch {state.epoch + 1}/{cfg.epochs} loss {self.last_metrics.get('train_loss', float('nan')):.4f}")
+            self.log.advance(1, f"epoch {state.epoch + 1}/{self.epochs} loss {self.last_metrics.get('train_loss', float('nan')):.4f}")
             t_step, step_samples, data_wait = now, 0, 0.0
             if self.mid_epoch_checkpoint_due(state):
                 self.save(state, epoch_end=False)
@@ -321,7 +360,7 @@ class _Trainer:
         self.last_metrics.update(val_loss=values["loss"], val_accuracy=values["accuracy"])
         self.log.eval(state.step, state.epoch, values)
         self.log.message(
-            f"epoch {state.epoch}/{self.cfg.epochs}: train loss {self.last_metrics.get('train_loss', float('nan')):.4f}, "
+            f"epoch {state.epoch}/{self.epochs}: train loss {self.last_metrics.get('train_loss', float('nan')):.4f}, "
             f"val loss {values['loss']:.4f}, val accuracy {values['accuracy']:.4f} ({int(n)} images)"
         )
         return values["loss"] if n else None
@@ -348,6 +387,9 @@ class _Trainer:
                 "world_size": self.ctx.world_size,
                 "run": self.facts,
                 "best_val_loss": state.best_val_loss,
+                # For a resumed run under a time budget: the plan and the time already spent.
+                "epochs_planned": self.epochs,
+                "train_seconds": self.train_seconds(),
             }
             if state.ema is not None:
                 payload.update(live_model=_cpu_weights(state.raw), ema_updates=state.ema.updates)

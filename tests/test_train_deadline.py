@@ -1,0 +1,94 @@
+"""A time budget for the training loop (TrainConfig.time_budget_s, dtrain/train/deadline.py)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import torch
+
+from dtrain.train import checkpoint as ckpt
+from dtrain.train.config import TrainConfig
+from dtrain.train.deadline import epochs_within
+from dtrain.train.schedule import build_optimizer, build_scheduler
+from dtrain.train.trainer import run
+
+
+def test_epochs_within_keeps_as_many_as_fit_never_more_than_configured():
+    # 100 s spent over 2 epochs at 50 s each; 300 s budget: 4 more fit.
+    assert epochs_within(300, elapsed_s=100, epoch_s=50, done=2, most=10) == 6
+    assert epochs_within(300, elapsed_s=100, epoch_s=49, done=2, most=5) == 5  # configured is the cap
+    assert epochs_within(300, elapsed_s=100, epoch_s=201, done=2, most=10) == 2  # not one more: stop
+    assert epochs_within(300, elapsed_s=400, epoch_s=50, done=2, most=10) == 2  # overdrawn: stop
+    assert epochs_within(300, elapsed_s=100, epoch_s=0.0, done=2, most=10) == 10
+
+
+def test_a_lowered_total_ends_the_decay_on_the_new_last_step():
+    model = torch.nn.Linear(2, 2)
+    opt = build_optimizer(model, "adamw", 1.0, 0.0, 0.9)
+    sched = build_scheduler(opt, total_steps=100, warmup_steps=0, min_ratio=0.1)
+    for _ in range(20):
+        opt.step()
+        sched.step()
+    sched.lr_lambdas[0].total_steps = 40  # the budget now affords 40 steps, not 100
+    lrs = []
+    for _ in range(20):
+        opt.step()
+        sched.step()
+        lrs.append(opt.param_groups[0]["lr"])
+    assert lrs == sorted(lrs, reverse=True)
+    assert lrs[-1] == pytest.approx(0.1)  # step 40 of 40: the floor
+
+
+@pytest.fixture
+def keep_threads():
+    # run() sets torch's intra-op threads for its process; this test process is shared.
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def _cfg(synth_data, out, **kw) -> TrainConfig:
+    return TrainConfig.model_validate({
+        "data": {"root": str(synth_data), "image_size": 32, "num_workers": 0},
+        "model": {"arch": "small_resnet"}, "epochs": 3, "batch_size": 16, "precision": "fp32",
+        "optim": {"warmup_steps": 2}, "device": "cpu", "threads": 1, "deterministic": True, "log_every": 1,
+        "output_dir": str(out), **kw,
+    })
+
+
+def test_a_spent_budget_stops_after_an_epoch_and_a_resume_keeps_to_it(synth_data, tmp_path, keep_threads):
+    out, log = tmp_path / "run", io.StringIO()
+    # No epoch runs in a millisecond: after the first, none more fits.
+    result = run(_cfg(synth_data, out, time_budget_s=0.001), stream=log)
+    assert result.epochs_done == 1
+    assert "time budget: stopping after epoch 1 of 3" in log.getvalue()
+    blob = ckpt.load(ckpt.find_resume(out))
+    assert blob["epoch"] == 1 and blob["epochs_planned"] == 1 and blob["train_seconds"] > 0
+    # Resumed under the same budget: it is spent, so nothing more trains.
+    again = run(_cfg(synth_data, out, time_budget_s=0.001), resume=True, stream=io.StringIO())
+    assert again.epochs_done == 1 and again.steps == result.steps
+    # Without a budget the config's epochs hold again, and its schedule: all 3 epochs, decay to the floor.
+    full = run(_cfg(synth_data, out), resume=True, stream=io.StringIO())
+    assert full.epochs_done == 3 and full.steps == 3 * result.steps
+    peak = TrainConfig().optim.lr
+    lrs = [row["lr"] for row in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+           if row["kind"] == "train" and row["step"] > result.steps + 1]  # the first used the saved lr
+    # The decay spans the 3 epochs (not the 1 the budgeted run had fit it to) and ends at the floor.
+    assert max(lrs) > 0.5 * peak
+    assert blob_lr(out) == pytest.approx(peak * TrainConfig().optim.min_lr_ratio)
+
+
+def blob_lr(out) -> float:
+    return ckpt.load(ckpt.find_resume(out))["scheduler"]["_last_lr"][0]
+
+
+def test_an_ample_budget_changes_nothing(synth_data, tmp_path, keep_threads):
+    plain = run(_cfg(synth_data, tmp_path / "plain", epochs=2), stream=io.StringIO())
+    log = io.StringIO()
+    budgeted = run(_cfg(synth_data, tmp_path / "budget", epochs=2, time_budget_s=1e6), stream=log)
+    assert "time budget:" not in log.getvalue().replace("a time budget of", "")
+    assert budgeted.epochs_done == plain.epochs_done == 2
+    a, b = (ckpt.load(ckpt.find_resume(tmp_path / d))["model"] for d in ("plain", "budget"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
