@@ -130,7 +130,9 @@ def recipe_config(
     seen; default: a timed probe of this machine at the data's input side (recipe/budget.py)."""
     from dtrain.data.config import DataConfig
     from dtrain.recipe import budget
-    from dtrain.recipe.decide import Decision, as_config, epochs, inference_views, input_side, network, notes, plan
+    from dtrain.recipe.decide import (
+        Decision, as_config, epochs, inference_views, input_side, network, notes, plan, time_budget,
+    )
     from dtrain.recipe.folds import plan_folds
     from dtrain.recipe.stats import describe_layout, detect_layout, gather
 
@@ -165,6 +167,8 @@ def recipe_config(
     if opts.epochs:  # the command line wins; said so, like every other decision
         decisions = [d for d in decisions if d.field != "epochs"] + [Decision("epochs", opts.epochs, "--epochs")]
         epochs_for = lambda n: opts.epochs  # noqa: E731
+    else:  # asked-for epochs are not cut by the clock
+        decisions.append(time_budget(fit.seconds, bool(k)))
     decisions.append(Decision("threshold k-fold", k, folds.reason + why_k))  # a decision about runs: not in train.yaml
     for d in decisions:
         print(f"recipe: {d.field} = {d.value}  ({d.reason})", file=stream)

@@ -53,6 +53,7 @@ class Fit:
     images_seen: int  # per run
     reason: str  # the budget's arithmetic, printed with the epochs decision
     warning: str | None  # when the budget forced fewer images than BUDGET_IMAGES
+    seconds: float  # per run: its training loop's share of the budget (TrainConfig.time_budget_s)
 
 
 def _floor_side(wanted: int) -> int:
@@ -81,7 +82,7 @@ def fit_budget(wanted: Decision, runs: int, budget_s: float, seconds_per_image: 
                 f"{wanted.value} px ({wanted.reason}) would see only {afford[wanted.value]} images per run in the budget; "
                 f"{s} px is the largest side that affords {BUDGET_IMAGES}")
             return Fit(Decision("data.image_size", s, why), BUDGET_IMAGES,
-                       _plan(budget_s, runs, per_run, seconds_per_image(s), s), None)
+                       _plan(budget_s, runs, per_run, seconds_per_image(s), s), None, per_run)
     images = max(afford[floor], 1)
     warning = (f"the {budget_s / 60:.0f} min budget affords only {images} images seen per run at {floor} px (the "
                f"smallest side that keeps small defects visible), under the {BUDGET_IMAGES} a from-scratch model wants: "
@@ -91,7 +92,7 @@ def fit_budget(wanted: Decision, runs: int, budget_s: float, seconds_per_image: 
     if floor == wanted.value:
         why = wanted.reason
     return Fit(Decision("data.image_size", floor, why), images,
-               _plan(budget_s, runs, per_run, seconds_per_image(floor), floor), warning)
+               _plan(budget_s, runs, per_run, seconds_per_image(floor), floor), warning, per_run)
 
 
 def fit_folds(wanted: Decision, k: int, budget_s: float, seconds_per_image: Callable[[int], float]) -> tuple[int, Fit, str]:
@@ -123,7 +124,8 @@ def _folds_kept(single: Fit, k: int, budget_s: float, seconds_per_image: Callabl
         if images >= enough:
             lowered = "" if j == k else (f"; lowered from {k} to {j} folds so that each of the {j + 1} runs sees "
                                          f"{enough}+ images at {side} px in the budget")
-            return j, Fit(single.side, images, _plan(budget_s, j + 1, per_run, cost, side), single.warning), lowered
+            fit = Fit(single.side, images, _plan(budget_s, j + 1, per_run, cost, side), single.warning, per_run)
+            return j, fit, lowered
     return None
 
 

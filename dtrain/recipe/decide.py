@@ -139,6 +139,18 @@ def epochs(n: int, images_seen: int = BUDGET_IMAGES, budget: str = "") -> Decisi
     )
 
 
+def time_budget(seconds: float, kfold: bool) -> Decision:
+    """The run's own check on the plan: the probe times the network alone, not the data
+    pipeline, the ranks' all-reduce, validation or checkpoints (40 % more on a slow CPU,
+    BENCHMARKS.md session 14), so the run measures itself (dtrain/train/deadline.py)."""
+    why = ("this run's training share of the wall-clock budget; at every epoch end the trainer times its epochs "
+           "(data pipeline, all-reduce and validation included, which the probe leaves out) and, if the epochs "
+           "above would not fit, trains fewer with the learning-rate decay refit to end on the last")
+    if kfold:
+        why += "; every fold run has the same share, so the folds still train alike"
+    return Decision("time_budget_s", round(seconds), why)
+
+
 KFOLD_VALIDATION = (
     "k-fold: the final model trains on train + val, so nothing is held out to validate on or to pick a best epoch "
     "with; the fold models train the same way (fixed epochs, last epoch kept) so that their out-of-fold scores "
