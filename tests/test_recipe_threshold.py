@@ -103,6 +103,7 @@ def test_budget_shrinks_the_side_to_fit_every_run():
     assert fit.warning is None and per_run / cost(fit.side.value) >= BUDGET_IMAGES
     assert per_run / cost(fit.side.value + 32) < BUDGET_IMAGES and fit.side.value == 192
     assert "largest side that affords" in fit.side.reason and "4 run(s)" in fit.reason
+    assert fit.seconds == per_run  # each run's time_budget_s
 
 
 def test_budget_floor_cuts_images_and_warns():
@@ -113,8 +114,15 @@ def test_budget_floor_cuts_images_and_warns():
 
 
 def test_probe_times_a_real_training_step():
-    for ranks in (1, 2):
+    import torch
+
+    threads = torch.get_num_threads()
+    for ranks in (1, 2):  # two ranks are timed side by side, in two threads
         assert 0 < B.probe({"arch": "small_resnet", "pool": "avgmax", "input_norm": "per_image"}, 32, 3, precision="fp32", ranks=ranks, batch=4) < 5
+    assert torch.get_num_threads() == threads
+    # A rank that fails raises in the caller; the other is released from the start barrier, not left waiting.
+    with pytest.raises(ValueError, match="arch"):
+        B.probe({"arch": "no_such_net"}, 32, 3, precision="fp32", ranks=2, batch=4)
 
 
 def test_stats_read_headers_through_the_hardened_decoder(tmp_path):

@@ -2,9 +2,10 @@
 
 The recipe's other decisions say what the data wants (half the native side, ~90 000
 images seen); this one says what the machine affords in `--budget-minutes`. A short
-probe times a few training steps of the chosen architecture at the chosen side, in
-this process with all of its cores (what the DDP ranks share between them), with the
-run's precision. A convolutional network's cost per image grows with its pixels, so
+probe times a few training steps of the chosen architecture at the chosen side, one
+thread per DDP rank side by side, each with its share of the cores, with the run's
+precision. The probe leaves out the data pipeline, the all-reduce and validation: each
+run also gets its share as TrainConfig.time_budget_s and fits its epochs to its own pace. A convolutional network's cost per image grows with its pixels, so
 the cost at another side is the probe's times (side / probe side)^2.
 
 Rule: the training share of the budget is split evenly over the runs (k fold models +
@@ -160,19 +161,56 @@ def probe(model_cfg: dict, side: int, n_classes: int, precision: str = "auto", r
     """Seconds per training image (forward, backward, AdamW step) at `side` px for `ranks` DDP
     ranks side by side on this machine's CPU cores (or its GPU), each with its share of the cores.
 
-    One rank's share is timed and the ranks are taken to run in parallel: one process with
-    all the cores would time OpenMP's thread barriers, which under a loaded machine cost far
-    more than the ranks' gradient all-reduce (2-3x slower than the real run, measured)."""
+    On a CPU the ranks are timed together, one thread each running its own model with its
+    share of the cores: two ranks on two cores ran 1.3-1.45x slower each than one alone
+    (shared caches and memory bandwidth; BENCHMARKS.md, session 15), so timing one and
+    dividing by the ranks under-costed the run. One process with all the cores would instead
+    time OpenMP's thread barriers, 2-3x slower than the real run under load. A GPU rank has
+    its own device: one is timed."""
+    import threading
+
+    import torch
+
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type == "cuda":
+        return _timed_steps(model_cfg, side, n_classes, precision, batch, dev, torch.get_num_threads())
+    from dtrain.train.dist import cpu_count
+
+    share = max(1, cpu_count() // ranks)
+    start = threading.Barrier(ranks)
+    costs: list[float] = []
+    errors: list[BaseException] = []
+
+    def rank() -> None:
+        try:
+            costs.append(_timed_steps(model_cfg, side, n_classes, precision, batch, dev, share, start))
+        except BaseException as exc:  # re-raised in the caller's thread
+            start.abort()
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank, name=f"probe-rank-{r}") for r in range(ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    # The ranks step in lockstep under DDP: the slowest one sets the pace of all.
+    return max(costs) / ranks
+
+
+def _timed_steps(model_cfg: dict, side: int, n_classes: int, precision: str, batch: int, dev,
+                 threads: int, start=None) -> float:
+    """One rank's seconds per image over PROBE_STEPS steps after PROBE_WARMUP, on `threads` cores;
+    `start`: a barrier all ranks pass before their timed steps."""
     import torch
     import torch.nn.functional as F
 
     from dtrain.models import ModelConfig, build_model
     from dtrain.train import precision as P
-    from dtrain.train.dist import cpu_count
 
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, cpu_count() // ranks))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)  # OpenMP's thread count is per calling thread
     try:
         model = build_model(ModelConfig(**model_cfg), n_classes).to(dev).to(memory_format=torch.channels_last)
         opt = torch.optim.AdamW(model.parameters())
@@ -181,6 +219,8 @@ def probe(model_cfg: dict, side: int, n_classes: int, precision: str = "auto", r
         policy = P.resolve(precision, dev)
         for i in range(PROBE_WARMUP + PROBE_STEPS):
             if i == PROBE_WARMUP:
+                if start is not None:
+                    start.wait()
                 if dev.type == "cuda":
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
@@ -191,9 +231,9 @@ def probe(model_cfg: dict, side: int, n_classes: int, precision: str = "auto", r
             opt.zero_grad(set_to_none=True)
         if dev.type == "cuda":
             torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / (PROBE_STEPS * batch) / (1 if dev.type == "cuda" else ranks)
+        return (time.perf_counter() - t0) / (PROBE_STEPS * batch)
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
 
 
 def scaled(measured: float, at: int) -> Callable[[int], float]:
