@@ -10,7 +10,7 @@ import torch
 
 from dtrain.train import checkpoint as ckpt
 from dtrain.train.config import TrainConfig
-from dtrain.train.deadline import epochs_within
+from dtrain.train.deadline import epochs_within, pace
 from dtrain.train.schedule import build_optimizer, build_scheduler
 from dtrain.train.trainer import run
 
@@ -22,6 +22,21 @@ def test_epochs_within_keeps_as_many_as_fit_never_more_than_configured():
     assert epochs_within(300, elapsed_s=100, epoch_s=201, done=2, most=10) == 2  # not one more: stop
     assert epochs_within(300, elapsed_s=400, epoch_s=50, done=2, most=10) == 2  # overdrawn: stop
     assert epochs_within(300, elapsed_s=100, epoch_s=0.0, done=2, most=10) == 10
+
+
+def test_a_plan_is_raised_only_with_half_an_epoch_to_spare():
+    # 4 more epochs of 50 s fit in 210 s, but with 10 s to spare: a cut plan of 5 stays 5...
+    assert epochs_within(310, elapsed_s=100, epoch_s=50, done=2, most=10, planned=5) == 5
+    # ...and is raised once the fourth fits with 25 s (half an epoch) to spare.
+    assert epochs_within(325, elapsed_s=100, epoch_s=50, done=2, most=10, planned=5) == 6
+    # Lowering needs no spare: a plan that no longer fits is cut at once.
+    assert epochs_within(290, elapsed_s=100, epoch_s=50, done=2, most=10, planned=6) == 5
+
+
+def test_the_pace_leaves_out_the_first_epoch_and_follows_the_last_few():
+    assert pace([130.0]) == 130.0  # the first epoch alone is all there is
+    assert pace([130.0, 100.0, 110.0]) == 105.0  # kernel selection and page faults left out
+    assert pace([130.0, 90.0, 100.0, 110.0, 120.0]) == 110.0  # the last PACE_EPOCHS = 3
 
 
 def test_a_lowered_total_ends_the_decay_on_the_new_last_step():

@@ -11,13 +11,35 @@ of them (train/schedule.py): a cut run still anneals rather than stopping mid-de
 from __future__ import annotations
 
 
-def epochs_within(budget_s: float, elapsed_s: float, epoch_s: float, done: int, most: int) -> int:
-    """Epochs in all for a run that has trained `done` epochs in `elapsed_s` seconds, the last
-    one (training, validation, checkpoint) at `epoch_s` seconds: as many more as fit in what is
-    left of `budget_s`, at most `most` in all, never fewer than `done` (0 more: stop now)."""
+# A plan is raised only if the extra epochs fit with this share of an epoch to spare: at the
+# budget's edge every epoch's noise (+-5 % on a shared VM) would otherwise flip it up and
+# down, and each flip moves the learning-rate decay.
+RAISE_SPARE = 0.5
+# The pace: the mean of the last few epochs, leaving out the first once others exist (it
+# pays kernel selection and first-touch page faults).
+PACE_EPOCHS = 3
+
+
+def pace(epoch_seconds: list[float]) -> float:
+    """Seconds per epoch to plan with, from this process's epochs so far (oldest first)."""
+    later = epoch_seconds[1:] or epoch_seconds
+    recent = later[-PACE_EPOCHS:]
+    return sum(recent) / len(recent)
+
+
+def epochs_within(budget_s: float, elapsed_s: float, epoch_s: float, done: int, most: int,
+                  planned: int | None = None) -> int:
+    """Epochs in all for a run that has trained `done` epochs in `elapsed_s` seconds at `epoch_s`
+    seconds per epoch (training, validation, checkpoint): as many more as fit in what is left of
+    `budget_s`, at most `most` in all, never fewer than `done` (0 more: stop now). Above the
+    current plan (`planned`) only with RAISE_SPARE of an epoch to spare."""
+    if epoch_s <= 0:
+        return most
     left = budget_s - elapsed_s
-    more = int(left // epoch_s) if epoch_s > 0 else most - done
-    return max(done, min(most, done + max(more, 0)))
+    fit = done + max(int(left // epoch_s), 0)
+    if planned is not None and fit > planned:
+        fit = max(planned, done + max(int((left - RAISE_SPARE * epoch_s) // epoch_s), 0))
+    return max(done, min(most, fit))
 
 
 def minutes(seconds: float) -> str:
@@ -26,7 +48,7 @@ def minutes(seconds: float) -> str:
 
 def refit_message(old: int, new: int, done: int, epoch_s: float, elapsed_s: float, budget_s: float) -> str:
     """The log line for a changed plan (old -> new epochs in all, `done` trained so far)."""
-    pace = f"{epoch_s:.0f} s per epoch (training, validation, checkpoint)"
+    pace = f"{epoch_s:.0f} s per epoch (training, validation, checkpoint; the last few epochs' mean)"
     if new == done:
         return (f"time budget: stopping after epoch {done} of {old}: at {pace}, the next would end at "
                 f"{minutes(elapsed_s + epoch_s)}, past the {minutes(budget_s)} training budget; the learning rate "

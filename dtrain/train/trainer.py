@@ -109,6 +109,7 @@ class _Trainer:
         self.total_steps = self.steps_per_epoch * cfg.epochs
         # Training seconds of the runs this one resumes (their checkpoints' train_seconds).
         self.seconds_before = 0.0
+        self.epoch_seconds: list[float] = []  # this process's epochs, for the time budget's pace
         self.t_loop = time.perf_counter()
         self.loss_weight = loss_weights(cfg.loss_class_weights, self.data.train_set, len(self.data.classes), ctx.device)
         self.stream = stream
@@ -222,10 +223,10 @@ class _Trainer:
         `since_s`: seconds since the last epoch end (or the loop's start), `steps`: the steps
         run in them: a resumed run's first epoch may be a part of one, so the pace is per step.
         The ranks average their clocks: every rank must decide alike (the loop is collective)."""
-        epoch_s = since_s * self.steps_per_epoch / max(steps, 1)
-        elapsed_s, epoch_s = dist.all_reduce_mean([self.train_seconds(), epoch_s], self.ctx)
+        self.epoch_seconds.append(since_s * self.steps_per_epoch / max(steps, 1))
+        elapsed_s, epoch_s = dist.all_reduce_mean([self.train_seconds(), deadline.pace(self.epoch_seconds)], self.ctx)
         old = self.epochs
-        new = deadline.epochs_within(self.cfg.time_budget_s, elapsed_s, epoch_s, state.epoch, self.cfg.epochs)
+        new = deadline.epochs_within(self.cfg.time_budget_s, elapsed_s, epoch_s, state.epoch, self.cfg.epochs, old)
         if new != old:
             self.log.message(deadline.refit_message(old, new, state.epoch, epoch_s, elapsed_s, self.cfg.time_budget_s))
             self.set_epochs(state, new)
