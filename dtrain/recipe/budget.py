@@ -162,8 +162,8 @@ def probe(model_cfg: dict, side: int, n_classes: int, precision: str = "auto", r
     ranks side by side on this machine's CPU cores (or its GPU), each with its share of the cores.
 
     On a CPU the ranks are timed together, one thread each running its own model with its
-    share of the cores: two ranks on two cores ran 1.3-1.45x slower each than one alone
-    (shared caches and memory bandwidth; BENCHMARKS.md, session 15), so timing one and
+    share of the cores: two ranks on two cores ran up to 1.5x slower each than one alone
+    (BENCHMARKS.md, session 15), so timing one and
     dividing by the ranks under-costed the run. One process with all the cores would instead
     time OpenMP's thread barriers, 2-3x slower than the real run under load. A GPU rank has
     its own device: one is timed."""

@@ -1,8 +1,9 @@
 """A time budget for the training loop (TrainConfig.time_budget_s): how many epochs fit.
 
-A plan made before the run (recipe/budget.py) times the network alone; the run also pays
-its data pipeline, the ranks' all-reduce, validation passes and checkpoints, which on a
-slow CPU added 40 % (BENCHMARKS.md, session 14). So the run checks itself: at every epoch
+A plan made before the run (recipe/budget.py) times the network alone for a few steps; the
+run also pays its data pipeline, the ranks' all-reduce, validation passes and checkpoints,
+and a shared machine's speed moves by 15-30 % between minutes: a plant run on a slow CPU
+ran 40 % over its plan (BENCHMARKS.md, session 14). So the run checks itself: at every epoch
 end it takes the pace of the epochs it has run and keeps as many more as fit in the time
 left, never more than configured. The learning-rate schedule is refit to end on the last
 of them (train/schedule.py): a cut run still anneals rather than stopping mid-decay.
