@@ -140,14 +140,14 @@ def epochs(n: int, images_seen: int = BUDGET_IMAGES, budget: str = "") -> Decisi
 
 
 def time_budget(seconds: float, kfold: bool) -> Decision:
-    """The run's own check on the plan: the probe times the network alone, not the data
-    pipeline, the ranks' all-reduce, validation or checkpoints (40 % more on a slow CPU,
-    BENCHMARKS.md session 14), so the run measures itself (dtrain/train/deadline.py)."""
+    """The run's own check on the plan: the probe times a few steps of the network alone,
+    not the data pipeline, all-reduce, validation or checkpoints, and a shared machine's
+    speed moves between minutes, so the run measures itself (dtrain/train/deadline.py)."""
     why = ("this run's training share of the wall-clock budget; at every epoch end the trainer times its epochs "
            "(data pipeline, all-reduce and validation included, which the probe leaves out) and, if the epochs "
            "above would not fit, trains fewer with the learning-rate decay refit to end on the last")
     if kfold:
-        why += "; every fold run has the same share, so the folds still train alike"
+        why += "; every fold run has the same share (a fold cut short trains fewer epochs than the others)"
     return Decision("time_budget_s", round(seconds), why)
 
 
