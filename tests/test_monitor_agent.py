@@ -167,6 +167,26 @@ def test_collector_stores_series_flags_straggler_and_dead_node(tmp_path):
     assert "n1 stopped reporting" in (job_dir / "monitor.log").read_text()
 
 
+def test_an_agent_still_starting_gets_a_grace_before_it_is_called_missing(tmp_path):
+    # Under Slurm the head starts polling when the training step starts, and the agents
+    # start with it (niced, next to the ranks' start-up): early refusals are not a dead node.
+    now = [1000.0]
+    found = []
+    coll = Collector(tmp_path / "jobZ", {"n1": agent_url("127.0.0.1", free_port())}, clock=lambda: now[0],
+                     on_finding=found.append, interval_s=0.2, start_grace_s=30)
+    for _ in range(5):  # refused, within the grace
+        now[0] += 1
+        coll.poll_once()
+    assert found == []
+    now[0] += 30
+    coll.poll_once()
+    coll.stop()
+    assert [f.kind for f in found] == ["not_reporting"]
+    assert found[0].message.startswith("node n1 has not reported since monitoring started 35 s ago: 6 polls of")
+    nodes = {n["node"]: n for n in MetricsDB.for_job(tmp_path / "jobZ", readonly=True).nodes()}
+    assert nodes["n1"]["state"] == "not_reporting"
+
+
 def test_an_agent_of_another_job_is_not_taken_for_ours(agent, tmp_path):
     # Two jobs on one node, the second one's agent could not bind the port: the first
     # job's agent answers. Its series must not be stored as the second job's.

@@ -7,8 +7,10 @@
 Series go to `job_dir/metrics.sqlite` (see store.py), so they outlive the cluster. A node
 whose agent misses `miss_limit` polls in a row is marked "not reporting" (an event, a
 finding, a line in `job_dir/monitor.log` and the `on_finding` callback); with the
-defaults that happens 3-5 s after the agent dies. Findings are re-evaluated every
-`findings_every_s` and each new one is announced once.
+defaults that happens 3-5 s after the agent dies. An agent that has not answered yet
+is still starting (a Python process, niced, on a node busy starting its ranks): it gets
+`start_grace_s` from the collector's start before it is called missing. Findings are
+re-evaluated every `findings_every_s` and each new one is announced once.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class Collector:
         *,
         interval_s: float = 1.0,
         miss_limit: int = 3,
+        start_grace_s: float = 30.0,
         findings_every_s: float = 5.0,
         on_finding: Callable[[rules.Finding], None] | None = None,
         job_id: str | None = None,
@@ -55,6 +58,8 @@ class Collector:
         self.clock = clock
         self.interval_s = interval_s
         self.miss_limit = miss_limit
+        self.start_grace_s = start_grace_s
+        self.started_at = clock()
         self.findings_every_s = findings_every_s
         self.on_finding = on_finding
         self.nodes = {name: _NodeState(url) for name, url in endpoints.items()}
@@ -109,7 +114,7 @@ class Collector:
             try:
                 snap = fut.result()
                 if snap.get("job") != self.job_id:
-                    raise ValueError(f"the agent there belongs to job {snap.get('job')!r}")
+                    raise _OtherJob(f"the agent there belongs to job {snap.get('job')!r}")
             except Exception as exc:  # refused, timeout, bad JSON, wrong job: all mean "no answer"
                 self._missed(name, st, t, exc)
                 continue
@@ -126,9 +131,17 @@ class Collector:
 
     def _missed(self, name: str, st: _NodeState, t: float, exc: Exception) -> None:
         st.misses += 1
+        never = st.reporting is None
+        # Another job's agent on the port is an answer, not a slow start: no grace for it.
+        if never and t - self.started_at < self.start_grace_s and not isinstance(exc, _OtherJob):
+            return
         if st.misses >= self.miss_limit and st.reporting is not False:
             st.reporting = False
-            msg = f"node {name} stopped reporting: {st.misses} polls of {st.url} failed ({_reason(exc)})"
+            if never:
+                msg = (f"node {name} has not reported since monitoring started {t - self.started_at:.0f} s ago: "
+                       f"{st.misses} polls of {st.url} failed ({_reason(exc)}); its agent did not start or cannot be reached")
+            else:
+                msg = f"node {name} stopped reporting: {st.misses} polls of {st.url} failed ({_reason(exc)})"
             self.store.set_state(name, "not_reporting", t, msg)
             self._announce(rules.Finding("not_reporting", msg, t, node=name), key_suffix=f":{t:.0f}")
 
@@ -168,6 +181,10 @@ class Collector:
                 fh.write(f"{stamp}Z {message}\n")
         except OSError:
             pass  # the log is a convenience; the store and on_finding carry the same
+
+
+class _OtherJob(ValueError):
+    """An agent answered, but for another job (ours could not bind the port)."""
 
 
 def _fetch(url: str, timeout: float) -> dict[str, Any]:
