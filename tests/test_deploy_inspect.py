@@ -14,7 +14,8 @@ from tests.image_fixtures import animated_gif, png16
 
 def test_an_animated_gif_and_a_16_bit_png_in_an_inspect_folder(exported_model, synth_data, tmp_path, dtrain_cmd):
     good = sorted((synth_data / "test" / "ok").glob("*.png"))[:2]
-    folder = tmp_path / "imgs"
+    # A long name with brackets: the summary must print it whole, on one line, not as markup.
+    folder = tmp_path / ("line [bold]3[red] station 12 camera left " + "x" * 60)
     folder.mkdir()
     for p in good:
         shutil.copy(p, folder / p.name)
@@ -28,7 +29,9 @@ def test_an_animated_gif_and_a_16_bit_png_in_an_inspect_folder(exported_model, s
     assert "GIF with 5 frames" in rows["anim.gif"]["error"] and rows["anim.gif"]["verdict"] == ""
     assert rows["deep.png"]["error"] is None and rows["deep.png"]["verdict"] in ("ok", "defect")
     assert all(rows[p.name]["verdict"] in ("ok", "defect") for p in good)
-    assert "1 unreadable" in proc.stderr and "anim.gif" in proc.stderr
+    assert "1 unreadable" in proc.stderr
+    assert f"  unreadable: {folder / 'anim.gif'}" in proc.stderr.splitlines(), proc.stderr
+    assert f" -> {out}" in proc.stderr
 
 
 class _Dies:

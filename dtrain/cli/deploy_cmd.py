@@ -100,6 +100,7 @@ def inspect(
     import json
 
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from dtrain.cores import usable_cores
@@ -123,15 +124,17 @@ def inspect(
             bar.update(task, rate=f"{speed:.0f} images/s" if speed else "")
 
         summary = run_inspection(predictor, paths, out, batch=batch, workers=workers or usable_cores(), progress=advance)
+    # Paths are the user's: never read as markup, never broken across lines (soft_wrap),
+    # so a piped or logged summary can be searched and copied.
     console.print(
         f"{summary.images} images: [green]{summary.ok} ok[/], [red]{summary.defect} defect[/], "
         f"[yellow]{summary.errors} unreadable[/] in {summary.seconds:.1f} s "
         f"({summary.images_per_s:.0f} images/s, backend {predictor.backend})"
-        + (f" -> {out}" if out else "")
+        + (f" -> {escape(str(out))}" if out else ""), soft_wrap=True,
     )
-    console.print(f"time per stage (thread-seconds): {summary.stages.describe()}", highlight=False)
+    console.print(f"time per stage (thread-seconds): {summary.stages.describe()}", highlight=False, soft_wrap=True)
     for path in summary.error_paths[:10]:
-        console.print(f"  unreadable: {path}")
+        console.print(f"  unreadable: {path}", markup=False, highlight=False, soft_wrap=True)
     if json_summary:
         typer.echo(json.dumps({**summary.as_json(), "backend": predictor.backend, "out": str(out) if out else None}))
 

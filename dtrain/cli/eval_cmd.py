@@ -56,6 +56,7 @@ def default_eval_dir(checkpoint: Path) -> Path:
 
 def print_summary(result: dict, out_dir: Path | None = None, console=None) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = console or Console()
@@ -76,10 +77,10 @@ def print_summary(result: dict, out_dir: Path | None = None, console=None) -> No
             value = result[key]
             table.add_row(key.replace("_", " "), f"{value:.0f}" if isinstance(value, float) else str(value), "")
     console.print(table)
-    for warning in result.get("warnings", []):
-        console.print(f"[yellow]warning:[/] {warning}")
+    for warning in result.get("warnings", []):  # may name paths: no markup, no line breaks inside
+        console.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
     if out_dir is not None:
-        console.print(f"plots and evaluation.json in {out_dir}")
+        console.print(f"plots and evaluation.json in {out_dir}", markup=False, soft_wrap=True)
 
 
 def _inspection_rows(table, result: dict, pct) -> None:
@@ -139,7 +140,7 @@ def quickstart_command(
 
     console = Console()
     print_summary(result, None, console)
-    console.print(f"report: {workdir / 'report.html'}  (JSON: {workdir / 'report.json'})")
+    console.print(f"report: {workdir / 'report.html'}  (JSON: {workdir / 'report.json'})", markup=False, soft_wrap=True)
     console.print(f"export: {export_command(result, workdir)}", markup=False, highlight=False, soft_wrap=True)
 
 
