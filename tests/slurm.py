@@ -61,6 +61,12 @@ def _free_port(addr: str) -> int:
         return s.getsockname()[1]
 
 
+def _worker_index() -> int:
+    """0, 1, ... for pytest-xdist's workers gw0, gw1, ...; 0 without xdist."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(name[2:]) if name[2:].isdigit() else 0
+
+
 def _slurm_conf(tmp: Path, netns, ctld_port: int) -> str:
     ncpus = os.cpu_count() or 1
     nodes = "".join(
@@ -88,6 +94,9 @@ def _slurm_conf(tmp: Path, netns, ctld_port: int) -> str:
         # the hosts' CPU count is the test machine's; let the conf's count stand
         "SlurmdParameters=config_overrides\n"
         "MinJobAge=600\nKillWait=5\nInactiveLimit=0\nSlurmdTimeout=30\n"
+        # Test workers (pytest-xdist) each run a cluster with the same node names on one
+        # machine: distinct job ids keep their slurmstepd state and logs apart.
+        f"FirstJobId={1 + 100_000 * _worker_index()}\n"
         f"{nodes}"
         f"PartitionName={PARTITION} Nodes={','.join(h.name for h in netns.hosts)} Default=YES "
         "MaxTime=INFINITE State=UP\n"
