@@ -21,7 +21,8 @@ def test_an_animated_gif_and_a_16_bit_png_in_an_inspect_folder(exported_model, s
         shutil.copy(p, folder / p.name)
     (folder / "anim.gif").write_bytes(animated_gif())
     (folder / "deep.png").write_bytes(png16(40, 40, 4))
-    out = tmp_path / "r.jsonl"
+    out = tmp_path / "results [line 3]" / "r.jsonl"  # rich would drop "[line 3]" as a style tag
+    out.parent.mkdir()
     proc = subprocess.run(dtrain_cmd + ["inspect", str(exported_model), str(folder), "--out", str(out), "--batch", "4"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
