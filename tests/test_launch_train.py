@@ -28,7 +28,8 @@ def test_a_local_train_is_listed_logged_and_stopped_like_a_cluster_job(synth_dat
     cfg = _config(tmp_path / "cfg.yaml", synth_data, tmp_path / "out")
     log = tmp_path / "train.log"
     with open(log, "wb") as fh:  # the ranks wait after step 1 until stopped (stall_hook)
-        proc = subprocess.Popen([sys.executable, "-m", "dtrain", "train", str(cfg), "--nproc", "2"], cwd=REPO,
+        # -X importtime: the launcher's own imports (not its children's) are listed in the log.
+        proc = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "dtrain", "train", str(cfg), "--nproc", "2"], cwd=REPO,
                                 stdout=fh, stderr=subprocess.STDOUT, env=stall_env(tmp_path / "stall", 1))
     try:
         deadline = time.monotonic() + 300
@@ -54,6 +55,11 @@ def test_a_local_train_is_listed_logged_and_stopped_like_a_cluster_job(synth_dat
             proc.kill()
     assert json.loads(dtrain("status", job_id, "--json").stdout)["state"] == "stopped"
     assert wait_gone(job_id) == []
+    # The launcher reads the config, checks the data and starts torchrun without importing
+    # torch: seconds of start-up on a CPU, paid by the ranks that use it, not once more by it.
+    imported = [line.rsplit("|", 1)[-1].strip() for line in log.read_text().splitlines() if line.startswith("import time:")]
+    assert "dtrain.launch.launcher" in imported and "dtrain.train.config" in imported
+    assert "torch" not in imported and "torchvision" not in imported
 
 
 @pytest.mark.slow  # two `dtrain train --nproc 2` processes: ~12 s CPU, ~45-55 s on the loaded 2-core machine
@@ -67,3 +73,21 @@ def test_missing_or_empty_data_is_one_error_before_any_rank(tmp_path, dtrain_hom
         assert res.returncode != 0 and expect in res.stderr, res.stderr
         assert "Traceback" not in res.stderr + res.stdout and res.stderr.count("dtrain: error:") == 1
     assert not (dtrain_home / "jobs").exists() or not list((dtrain_home / "jobs").iterdir())
+
+
+def test_default_nproc_counts_gpus_only_where_a_gpu_driver_is(tmp_path):
+    """No GPU driver's device files: two ranks (capped by the cores), and torch not imported
+    to learn it. With one (a stand-in file here), torch is asked: one rank per GPU it sees."""
+    script = (
+        "import sys\n"
+        "from dtrain.cores import usable_cores\n"
+        "from dtrain.train.launch import default_nproc\n"
+        f"assert default_nproc(({str(tmp_path / 'absent')!r},)) == min(2, usable_cores())\n"
+        "assert 'torch' not in sys.modules\n"
+        f"n = default_nproc(({str(tmp_path)!r},))\n"
+        "import torch\n"
+        "gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0\n"
+        "assert n == (gpus or min(2, usable_cores())), n\n"
+    )
+    res = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]

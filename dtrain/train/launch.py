@@ -18,15 +18,21 @@ from typing import Callable, TextIO
 from dtrain.errors import DtrainError
 
 
-def default_nproc() -> int:
+# Device files a GPU driver creates (NVIDIA's, and AMD's ROCm, which torch.cuda also drives).
+# Without any of them torch can see no GPU, so the launcher need not import torch to count.
+GPU_DRIVER_FILES = ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd")
+
+
+def default_nproc(driver_files: tuple[str, ...] = GPU_DRIVER_FILES) -> int:
     """One rank per GPU; on CPUs two ranks (DDP for real) but never more than the cores."""
-    import torch
+    from dtrain.cores import usable_cores
 
-    from dtrain.train.dist import cpu_count
+    if any(os.path.exists(f) for f in driver_files):
+        import torch  # seconds of start-up, paid only where a GPU may be
 
-    if torch.cuda.is_available() and torch.cuda.device_count():
-        return torch.cuda.device_count()
-    return max(1, min(2, cpu_count()))
+        if torch.cuda.is_available() and torch.cuda.device_count():
+            return torch.cuda.device_count()
+    return max(1, min(2, usable_cores()))
 
 
 def check_data(config: str | None, overrides: list[str]) -> None:
