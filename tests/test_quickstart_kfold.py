@@ -26,15 +26,16 @@ def test_quickstart_kfold_threshold_from_out_of_fold_scores(tmp_path, dtrain_cmd
     counts = {c: manifest["counts"]["train"][c] + manifest["counts"]["val"][c] for c in manifest["counts"]["train"]}
     n_defective = sum(v for c, v in counts.items() if c != "ok")
 
-    # A budget no load can exhaust: the probe's timing must not turn k-fold off here (tests/test_recipe_threshold.py
-    # checks that rule); --epochs 1 keeps the runs short.
+    # --folds 2 and --epochs 1 keep it to three short runs (the recipe would train 4 or 5 fold models; its rule is
+    # checked in tests/test_recipe_threshold.py, and named in the decision below). A budget no load can exhaust.
     argv = [*dtrain_cmd, "quickstart", "--data", str(data), "--workdir", str(work), "--epochs", "1", "--nproc", "1",
-            "--budget-minutes", "6000"]
+            "--budget-minutes", "6000", "--folds", "2"]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((work / "report.json").read_text())
-    k = next(d["value"] for d in report["recipe"] if d["field"] == "threshold k-fold")
-    assert k == max(MIN_FOLDS, min(MAX_FOLDS, min(v for c, v in counts.items() if c != "ok")))
+    decision = next(d for d in report["recipe"] if d["field"] == "threshold k-fold")
+    k, recipe_k = decision["value"], max(MIN_FOLDS, min(MAX_FOLDS, min(v for c, v in counts.items() if c != "ok")))
+    assert k == 2 and f"--folds 2 overrides the recipe's {recipe_k}" in decision["reason"]
     assert proc.stdout.count("folds: fold ") == k and "out-of-fold scores" in proc.stdout
 
     basis = report["threshold_basis"]
