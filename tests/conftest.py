@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from shared_once import once
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,9 +52,7 @@ def synth_data(tmp_path_factory) -> Path:
     copy it before changing files in it."""
     from dtrain.data.synth import synthesize
 
-    root = tmp_path_factory.mktemp("synth_data")
-    synthesize(root, images=360, size=32, seed=0, workers=1)
-    return root
+    return once(tmp_path_factory, "synth_data", lambda root: synthesize(root, images=360, size=32, seed=0, workers=1))
 
 
 @pytest.fixture(scope="session")
@@ -76,16 +75,17 @@ def trained_checkpoint(synth_data, tmp_path_factory) -> Path:
     changing it. Not a good model; a real one with the full checkpoint contract."""
     import subprocess
 
-    out = tmp_path_factory.mktemp("trained")
-    sets = {
-        "data.root": synth_data, "data.image_size": 32, "data.num_workers": 0, "epochs": 2,
-        "batch_size": 16, "precision": "fp32", "optim.warmup_steps": 4, "log_every": 5,
-        "output_dir": out / "run", "device": "cpu", "threads": 1,
-    }
-    argv = [sys.executable, "-m", "dtrain.train"] + [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=REPO)
-    assert proc.returncode == 0, f"training for the trained_checkpoint fixture failed:\n{proc.stderr[-3000:]}"
-    return out / "run" / "checkpoints" / "last.pt"
+    def train(out: Path) -> None:
+        sets = {
+            "data.root": synth_data, "data.image_size": 32, "data.num_workers": 0, "epochs": 2,
+            "batch_size": 16, "precision": "fp32", "optim.warmup_steps": 4, "log_every": 5,
+            "output_dir": out / "run", "device": "cpu", "threads": 1,
+        }
+        argv = [sys.executable, "-m", "dtrain.train"] + [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=REPO)
+        assert proc.returncode == 0, f"training for the trained_checkpoint fixture failed:\n{proc.stderr[-3000:]}"
+
+    return once(tmp_path_factory, "trained", train) / "run" / "checkpoints" / "last.pt"
 
 
 def pytest_report_header(config):

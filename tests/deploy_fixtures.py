@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from shared_once import once
 
 TARGET_MISS_RATE = 0.1
 
@@ -18,12 +19,13 @@ TARGET_MISS_RATE = 0.1
 def exported_model(tmp_path_factory, trained_checkpoint, synth_data) -> Path:
     from dtrain.serve.export import ExportOptions, export
 
-    out = tmp_path_factory.mktemp("deploy") / "model"
-    export(ExportOptions(
-        checkpoint=str(trained_checkpoint), out=str(out), format="onnx", quantize="none", data=str(synth_data),
-        target_miss_rate=TARGET_MISS_RATE, measure_seconds=0.2,
-    ))
-    return out
+    def build(root: Path) -> None:
+        export(ExportOptions(
+            checkpoint=str(trained_checkpoint), out=str(root / "model"), format="onnx", quantize="none",
+            data=str(synth_data), target_miss_rate=TARGET_MISS_RATE, measure_seconds=0.2,
+        ))
+
+    return once(tmp_path_factory, "deploy", build) / "model"
 
 
 @pytest.fixture(scope="session")
