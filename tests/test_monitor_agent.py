@@ -187,6 +187,42 @@ def test_an_agent_still_starting_gets_a_grace_before_it_is_called_missing(tmp_pa
     assert nodes["n1"]["state"] == "not_reporting"
 
 
+def test_a_quiet_grace_keeps_a_node_that_ends_with_its_job_out_of_the_live_findings(tmp_path):
+    # Under Slurm each node's agent ends with its ranks, seconds before the head hears
+    # that the job ended: that is no "stopped reporting". A node the job outlives is.
+    def lose_an_agent(job: str):
+        port, now, found = free_port(), [1000.0], []
+        agent = start_agent(job, "n1", port)
+        coll = Collector(tmp_path / job, {"n1": agent_url("127.0.0.1", port)}, clock=lambda: now[0],
+                         on_finding=found.append, interval_s=0.5, quiet_grace_s=15)
+        coll.poll_once()
+        agent.kill()
+        agent.wait()
+        for _ in range(3):
+            now[0] += 1
+            coll.poll_once()
+        return coll, now, found
+
+    coll, now, found = lose_an_agent("jobEnd")  # the job ends 3 s after the agent
+    coll.stop()
+    assert found == []
+    nodes = {n["node"]: n for n in MetricsDB.for_job(tmp_path / "jobEnd", readonly=True).nodes()}
+    assert nodes["n1"]["state"] == "not_reporting" and nodes["n1"]["state_since"] == 1003.0  # stored as it was
+    log = tmp_path / "jobEnd" / "monitor.log"
+    assert not log.exists() or "stopped reporting" not in log.read_text()
+
+    coll, now, found = lose_an_agent("jobOn")  # the job goes on without it
+    now[0] += 14
+    coll.poll_once()
+    assert found == []
+    now[0] += 1
+    coll.poll_once()
+    coll.stop()
+    assert [(f.kind, f.node, f.t) for f in found] == [("not_reporting", "n1", 1003.0)], found
+    assert found[0].message.startswith("node n1 stopped reporting: 3 polls of")
+    assert "n1 stopped reporting" in (tmp_path / "jobOn" / "monitor.log").read_text()
+
+
 def test_an_agent_of_another_job_is_not_taken_for_ours(agent, tmp_path):
     # Two jobs on one node, the second one's agent could not bind the port: the first
     # job's agent answers. Its series must not be stored as the second job's.

@@ -63,7 +63,9 @@ def test_plain_torchrun_script_on_a_two_node_allocation(slurm_cluster, dtrain_ho
     assert "[h1:r0] done world=4" in out, out
     assert "@@dtrain@@" not in out
     assert "[dtrain] preflight h1: ok (python " in out and "[dtrain] preflight h2: ok (python " in out, out
-    assert "stopped reporting" not in out  # the collector waits for the agents' step, after the preflight's
+    # not at the start (the collector waits for the agents' step, after the preflight's), nor
+    # at the end (each agent ends with its node's ranks, before Slurm says the job ended)
+    assert "stopped reporting" not in out
     job_id = job_id_of(out)
     rec = status(slurm_cluster, job_id)
     assert rec["state"] == "succeeded" and rec["world_size"] == 4 and rec["nodes"] == ["h1", "h2"], rec
@@ -85,6 +87,7 @@ def test_the_defect_recipe_runs_unchanged_on_a_two_node_allocation(slurm_cluster
                  "dtrain", "train", *_recipe_sets(synth_data, out), env=slurm_cluster.env(), timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "[h2:r3]" in res.stdout and "[h1:r0]" in res.stdout, res.stdout
+    assert "stopped reporting" not in res.stdout, res.stdout
     state = torch.load(out / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
     assert state["model"], state.keys()
     assert status(slurm_cluster, job_id_of(res.stdout))["state"] == "succeeded"

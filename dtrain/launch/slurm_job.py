@@ -289,12 +289,15 @@ def follow(registry: JobRegistry, job_id: str, client: SlurmClient, *, out: Text
 
 def _collect(job_id: str, nodes: list[str], client: SlurmClient, port: int, out: TextIO):
     """The head's collector over the allocated nodes' agents; monitoring never stops a job."""
-    from dtrain.monitor.head.startup import agent_url
     from dtrain.monitor.head.collector import Collector
+    from dtrain.monitor.head.findings import END_GRACE_S
+    from dtrain.monitor.head.startup import agent_url
 
     try:
         endpoints = {n: agent_url(client.node_address(n), port) for n in nodes}
-        return Collector(job_dir(job_id), endpoints, job_id=job_id,
+        # Each node's agent ends with its ranks, seconds before Slurm says the job ended:
+        # a node gone quiet is news only if the job outlives it by END_GRACE_S.
+        return Collector(job_dir(job_id), endpoints, job_id=job_id, quiet_grace_s=END_GRACE_S,
                          on_finding=lambda f: out.write(f"[dtrain] finding: {f.message}\n")).start()
     except Exception as exc:  # monitoring is optional; the job is not
         out.write(f"[dtrain] monitoring: collector not started: {exc}\n")

@@ -11,6 +11,13 @@ defaults that happens 3-5 s after the agent dies. An agent that has not answered
 is still starting (a Python process, niced, on a node busy starting its ranks): it gets
 `start_grace_s` from the collector's start before it is called missing. Findings are
 re-evaluated every `findings_every_s` and each new one is announced once.
+
+`quiet_grace_s` is for jobs whose agents end with their ranks (Slurm: the agent is the
+node wrapper's child), seconds before the head hears that the job ended: a node that
+goes quiet is stored as not reporting at once, but announced only if the collector is
+still running `quiet_grace_s` later, i.e. if the job went on without it. A collector
+stopped earlier drops it, as the report does for nodes that went quiet with the job's
+end (findings.END_GRACE_S).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ class _NodeState:
         self.misses = 0
         self.reporting: bool | None = None  # None until the first answer or verdict
         self.prev: dict[str, Any] | None = None  # last snapshot, for counter deltas
+        self.held: rules.Finding | None = None  # a loss not announced yet (quiet_grace_s)
 
 
 class Collector:
@@ -48,6 +56,7 @@ class Collector:
         interval_s: float = 1.0,
         miss_limit: int = 3,
         start_grace_s: float = 30.0,
+        quiet_grace_s: float = 0.0,
         findings_every_s: float = 5.0,
         on_finding: Callable[[rules.Finding], None] | None = None,
         job_id: str | None = None,
@@ -59,6 +68,7 @@ class Collector:
         self.interval_s = interval_s
         self.miss_limit = miss_limit
         self.start_grace_s = start_grace_s
+        self.quiet_grace_s = quiet_grace_s
         self.started_at = clock()
         self.findings_every_s = findings_every_s
         self.on_finding = on_finding
@@ -79,6 +89,7 @@ class Collector:
         return self
 
     def stop(self) -> None:
+        # (a loss still held by quiet_grace_s went with the job: dropped, not announced)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
@@ -127,6 +138,10 @@ class Collector:
                 rank_rows.append((name, rank, row))
             st.prev = snap
         self.store.write_poll(t, node_rows, gpu_rows, rank_rows)
+        for st in self.nodes.values():  # losses the job outlived: news now
+            if st.held is not None and t - st.held.t >= self.quiet_grace_s:
+                self._announce(st.held, key_suffix=f":{st.held.t:.0f}")
+                st.held = None
         self._evaluate()
 
     def _missed(self, name: str, st: _NodeState, t: float, exc: Exception) -> None:
@@ -143,14 +158,19 @@ class Collector:
             else:
                 msg = f"node {name} stopped reporting: {st.misses} polls of {st.url} failed ({_reason(exc)})"
             self.store.set_state(name, "not_reporting", t, msg)
-            self._announce(rules.Finding("not_reporting", msg, t, node=name), key_suffix=f":{t:.0f}")
+            found = rules.Finding("not_reporting", msg, t, node=name)
+            if self.quiet_grace_s > 0 and not never:
+                st.held = found  # poll_once announces it if the job goes on
+            else:
+                self._announce(found, key_suffix=f":{t:.0f}")
 
     def _answered(self, name: str, st: _NodeState, t: float) -> None:
         if st.reporting is not True:
             state_msg = "reporting again" if st.reporting is False else "reporting"
             self.store.set_state(name, "reporting", t, f"node {name} {state_msg}")
-            if st.reporting is False:
+            if st.reporting is False and st.held is None:  # (a held loss was never said)
                 self._log(t, f"node {name} is reporting again")
+            st.held = None
             st.reporting = True
         st.misses = 0
 
