@@ -56,6 +56,9 @@ def test_epochs_from_a_budget_of_images_seen():
     # A wall-clock cut below the budget wins over MIN_EPOCHS (floor, at least 1).
     assert D.epochs(1800, 9000).value == 5 and D.epochs(600_000, 9000).value == 1
     assert "wall-clock" in D.epochs(1800, 9000).reason
+    # 270 images, a budget of 41 518 seen: the epoch cap binds, and the reason says so
+    capped = D.epochs(270, 41_518)
+    assert capped.value == D.MAX_EPOCHS and "at most 100 epochs" in capped.reason and "wall-clock" not in capped.reason
 
 
 def test_validation_and_negative_class_decisions():

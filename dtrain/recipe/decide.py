@@ -129,8 +129,11 @@ def epochs(n: int, images_seen: int = BUDGET_IMAGES, budget: str = "") -> Decisi
     if images_seen >= BUDGET_IMAGES:
         e = min(MAX_EPOCHS, max(MIN_EPOCHS, math.ceil(images_seen / n)))
         bounds = f"{MIN_EPOCHS}..{MAX_EPOCHS} epochs"
+    elif images_seen // n > MAX_EPOCHS:  # the budget is short of BUDGET_IMAGES, the set is smaller still
+        e = MAX_EPOCHS
+        bounds = f"at most {MAX_EPOCHS} epochs: past that a small set is memorised rather than learned"
     else:
-        e = max(1, min(MAX_EPOCHS, images_seen // n))
+        e = max(1, images_seen // n)
         bounds = "cut to fit the wall-clock budget, at least 1 epoch"
     return Decision(
         "epochs", e,
