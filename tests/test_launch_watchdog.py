@@ -60,6 +60,23 @@ def test_root_cause_prefers_own_failure_over_peer_echo():
     assert "node h2 rank 3 exited with code -9 (SIGKILL)" in cause.describe()
 
 
+def test_root_cause_looks_among_the_stopped_nodes_when_every_failure_reported_is_an_echo():
+    # h2's rank was SIGKILLed; h1's ranks aborted on the broken connection and h1's torchrun
+    # reported first, so the head stopped h2, whose torchrun had already seen its rank die.
+    h1 = _ended("h1", 1, 10.0, [(0, "Traceback (most recent call last):"),
+                                 (0, "RuntimeError: [gloo] Read error [10.0.0.2]:15497: Connection reset by peer"),
+                                 (0, "terminate called without an active exception")], _report(0, -6))
+    h2 = _ended("h2", 1, 10.1, [(2, "epoch 0 step 2")], _report(2, -9), stopped=True)
+    bystander = _ended("h3", 1, 10.2, [(4, "epoch 0 step 2")], _report(4, -15), stopped=True)
+    cause = root_cause([h1, h2, bystander])
+    assert (cause.node, cause.rank, cause.rank_exit_code) == ("h2", 2, -9), cause
+    # a node we stopped is not taken over a node that failed on its own
+    own = _ended("h4", 1, 10.3, [(6, "ValueError: bad batch")], _report(6, 1))
+    assert root_cause([h1, h2, own]).node == "h4"
+    # nor over a lone echo when the stopped node's ranks only ended by our SIGTERM
+    assert root_cause([h1, bystander]).node == "h1"
+
+
 def test_root_cause_traceback_tail_and_lost_connection():
     tb = [(1, "Traceback (most recent call last):"), (1, '  File "x.py", line 3'), (1, "ZeroDivisionError: boom")]
     a = _ended("a", 1, 5.0, [(1, "old line"), *tb], _report(1, 1))

@@ -4,7 +4,10 @@ When one rank dies, its peers on other nodes fail a moment later with communicat
 errors ("Connection closed by peer") and their torchrun agents exit too, sometimes
 before the first one's agent noticed. So the first node to exit is not always the
 culprit: a node whose failing rank shows a peer-communication error is only a root
-cause when no other node failed on its own.
+cause when no other node failed on its own. And that echo can be reported first: the
+head then stops the other nodes, the culprit among them; a node we were stopping whose
+torchrun still reports a rank that died of something else than our SIGTERM and than a
+peer's death failed on its own before the stop reached it.
 """
 
 from __future__ import annotations
@@ -115,7 +118,20 @@ def root_cause(ends: list[NodeEnd]) -> RootCause | None:
     failed = [e for e in ends if e.exit_code not in (0, None) and not e.stopped_by_us]
     if not failed:
         return None
+    if all(_echo(e) for e in failed):  # the culprit may be among the nodes we went on to stop
+        failed += [e for e in ends if e.stopped_by_us and e.exit_code not in (0, None) and _failed_on_its_own(e)]
     # Lost connections and own failures before peer-error echoes; then by time.
-    first = min(failed, key=lambda e: (not e.connection_lost and e.peer_error(), e.ended_at or 0.0))
+    first = min(failed, key=lambda e: (_echo(e), e.ended_at or 0.0))
     rank, rank_code = first.failed_rank()
     return RootCause(first.name, rank, first.exit_code, rank_code, first.tail(rank), first.connection_lost)
+
+
+def _echo(e: NodeEnd) -> bool:
+    return not e.connection_lost and e.peer_error()
+
+
+def _failed_on_its_own(e: NodeEnd) -> bool:
+    """A node we stopped whose torchrun had seen a rank die first, of neither our stop
+    (we only ever send SIGTERM) nor a peer's death."""
+    _, code = e.failed_rank()
+    return code is not None and code != -signal.SIGTERM and not e.peer_error()
