@@ -140,7 +140,7 @@ class Collector:
         self.store.write_poll(t, node_rows, gpu_rows, rank_rows)
         for st in self.nodes.values():  # losses the job outlived: news now
             if st.held is not None and t - st.held.t >= self.quiet_grace_s:
-                self._announce(st.held, key_suffix=f":{st.held.t:.0f}")
+                self._announce_lost(st.held)
                 st.held = None
         self._evaluate()
 
@@ -162,7 +162,7 @@ class Collector:
             if self.quiet_grace_s > 0 and not never:
                 st.held = found  # poll_once announces it if the job goes on
             else:
-                self._announce(found, key_suffix=f":{t:.0f}")
+                self._announce_lost(found)
 
     def _answered(self, name: str, st: _NodeState, t: float) -> None:
         if st.reporting is not True:
@@ -187,6 +187,9 @@ class Collector:
         found = rules.analyze([], self.store.rank_series(since), self.store.gpu_series(since))
         for f in found:
             self._announce(f)
+
+    def _announce_lost(self, f: rules.Finding) -> None:
+        self._announce(f, key_suffix=f":{f.t:.0f}")  # a node may be lost more than once a job
 
     def _announce(self, f: rules.Finding, key_suffix: str = "") -> None:
         if self.store.add_finding(f.key + key_suffix, f.t, f.kind, f.node, f.rank, f.gpu, f.message):
