@@ -40,6 +40,28 @@ def test_small_resnet_keeps_resolution_at_a_quarter_of_the_parameters():
         assert not torch.allclose(small(x), small(y))
 
 
+def test_a_strided_stem_takes_twice_the_side_into_the_same_maps():
+    flat = build_model(ModelConfig(arch="small_resnet"), num_classes=6)
+    strided = build_model(ModelConfig(arch="small_resnet", stem_stride=2), num_classes=6)
+    # The blocks get the maps a full-resolution stem makes of half the side: the same compute.
+    assert strided.stem(torch.rand(1, 3, 128, 128)).shape == flat.stem(torch.rand(1, 3, 64, 64)).shape
+    assert _params(strided) == _params(flat)  # the same weights, so a checkpoint is read by either
+    # A line one pixel wide at native resolution still moves the logits.
+    strided.eval()
+    x = torch.rand(1, 3, 128, 128)
+    y = x.clone()
+    y[..., 64, 20:100] = 1.0
+    with torch.no_grad():
+        assert not torch.allclose(strided(x), strided(y))
+
+
+def test_the_stem_stride_is_refused_for_torchvisions_resnets():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="small_resnet only"):
+        ModelConfig(arch="resnet18", stem_stride=2)
+
+
 def test_small_resnet_weights_round_trip(tmp_path):
     first = build_model(ModelConfig(arch="small_resnet"), num_classes=6)
     torch.save({"model": first.state_dict()}, tmp_path / "w.pt")

@@ -42,7 +42,8 @@ def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
     if num_classes < 2:
         raise ConfigError(f"a classifier needs at least 2 classes, got {num_classes}", "check the data set's class folders")
     builder = _lookup(ARCHS, cfg.arch, "model.arch")
-    model = builder(weights=None, num_classes=num_classes, norm_layer=_lookup(NORMS, cfg.norm, "model.norm"))
+    own = {"stem_stride": cfg.stem_stride} if cfg.arch == "small_resnet" else {}  # the config refuses it elsewhere
+    model = builder(weights=None, num_classes=num_classes, norm_layer=_lookup(NORMS, cfg.norm, "model.norm"), **own)
     if cfg.input_norm == "per_image":
         standardize_inputs(model)
     if cfg.pool == "avgmax":

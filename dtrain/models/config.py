@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import model_validator
+
 from dtrain.configio import StrictModel
 
 
@@ -26,3 +28,15 @@ class ModelConfig(StrictModel):
     # (dtrain/models/views.py); training ignores it. Views other than the image itself need
     # data.augment, which trains the network to treat them alike.
     views: Literal[1, 2, 4, 8] = 1
+    # small_resnet only: the stride of its first convolution. 2 takes a picture at twice the
+    # side for about the same compute, the first convolution learning the 2x downscale that a
+    # resize would otherwise do by averaging (dtrain/models/small.py). torchvision's ResNets
+    # already stride their stem.
+    stem_stride: Literal[1, 2] = 1
+
+    @model_validator(mode="after")
+    def _stem_stride_is_small_resnets(self) -> "ModelConfig":
+        if self.stem_stride != 1 and self.arch != "small_resnet":
+            raise ValueError(f"model.stem_stride applies to small_resnet only ({self.arch}'s stem is its own); "
+                             "leave it at 1")
+        return self

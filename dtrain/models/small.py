@@ -8,6 +8,13 @@ of the 11 M parameters. This one keeps twice the resolution at every stage (a fu
 at the same input size, a quarter of the parameters (so a quarter of the bytes DDP
 all-reduces every step), and ~1.5x its training speed on one CPU thread at 64 px
 (BENCHMARKS.md, "Quickstart").
+
+`stem_stride=2` is for pictures larger than the crop the body can afford: at twice the side,
+a stride-2 first convolution gives the blocks the maps they would get from a resize to half
+the side, at about the same cost (the stem is a few percent of the multiply-adds), but it
+learns that downscale from native pixels. A fixed resize averages a line one or two pixels
+wide into its surroundings and halves its contrast; 32 learned filters can keep it as
+edge responses.
 """
 
 from __future__ import annotations
@@ -25,13 +32,14 @@ class SmallResNet(nn.Module):
         width: int = 32,
         blocks: tuple[int, ...] = (2, 2, 2, 2),
         norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d,
+        stem_stride: int = 1,
     ) -> None:
         super().__init__()
         # Full resolution for the first convolution, then a max-pool: a dark pit or a crack
         # a pixel wide fires a few units, and the max keeps them where a strided convolution
         # would average them with the texture around (measured: it learns ~2x faster here).
         self.stem = nn.Sequential(
-            nn.Conv2d(3, width, 3, padding=1, bias=False), norm_layer(width), nn.ReLU(inplace=True),
+            nn.Conv2d(3, width, 3, stride=stem_stride, padding=1, bias=False), norm_layer(width), nn.ReLU(inplace=True),
             nn.MaxPool2d(3, stride=2, padding=1),
         )
         layers: list[nn.Module] = []
@@ -59,7 +67,9 @@ class SmallResNet(nn.Module):
         return self.fc(self.pool(x).flatten(1))
 
 
-def small_resnet(*, weights: None = None, num_classes: int, norm_layer: Callable[[int], nn.Module]) -> nn.Module:
+def small_resnet(
+    *, weights: None = None, num_classes: int, norm_layer: Callable[[int], nn.Module], stem_stride: int = 1
+) -> nn.Module:
     """Builder with torchvision's signature, so it sits in the same ARCHS table (`weights`
     is always None there: nothing is downloaded; `pretrained: PATH` loads local weights)."""
-    return SmallResNet(num_classes, norm_layer=norm_layer)
+    return SmallResNet(num_classes, norm_layer=norm_layer, stem_stride=stem_stride)
