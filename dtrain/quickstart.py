@@ -149,14 +149,17 @@ def recipe_config(
         from dtrain.train.launch import default_nproc
 
         print(f"recipe: timing a few training steps at {wanted.value} px for the budget", file=stream)
-        measured = budget.probe(as_config(network(wanted.value))["model"], wanted.value, len(stats.classes), opts.precision,
+        measured = budget.probe(as_config(network(wanted.value, wanted.value))["model"], wanted.value, len(stats.classes), opts.precision,
                                 ranks=opts.nproc or default_nproc())
         seconds_per_image = budget.scaled(measured, wanted.value)
+    # A small set is capped at MAX_EPOCHS passes: the budget then buys pixels, not repeats. Sized
+    # on the training split: under k-fold the final run's train + val is larger, never smaller.
+    needed = budget.images_needed(stats.n_train)
     if opts.folds is None:
-        k, fit, why_k = budget.fit_folds(wanted, folds.k, opts.budget_minutes * 60, seconds_per_image)
+        k, fit, why_k = budget.fit_folds(wanted, folds.k, opts.budget_minutes * 60, seconds_per_image, needed)
     else:  # the command line wins, said so
         k, why_k = opts.folds, f"; --folds {opts.folds} overrides the recipe's {folds.k}"
-        fit = budget.fit_budget(wanted, k + 1 if k else 1, opts.budget_minutes * 60, seconds_per_image)
+        fit = budget.fit_budget(wanted, k + 1 if k else 1, opts.budget_minutes * 60, seconds_per_image, needed)
     n_final = stats.n_train + stats.n_val if k else stats.n_train
     decisions = plan(stats, fit.side, fit.images_seen, fit.reason, n_final, kfold=bool(k))
     # Scored after training: the test split (taken as large as validation), and validation or,

@@ -78,6 +78,16 @@ def test_every_decision_is_a_trainconfig_field():
     assert cfg.data.image_size == 128 and cfg.data.sampling == "sqrt_inverse" and cfg.keep_best
     assert cfg.model.input_norm == "per_image" and cfg.model.pool == "avgmax"
     assert cfg.data.augment and cfg.data.shift == D.SHIFT
+    assert cfg.model.stem_stride == 2  # the data wants 128 px of larger pictures
+
+
+def test_the_stem_strides_only_when_the_data_wants_a_downscale_to_128_px_or_more():
+    assert D.stem(D.STRIDED_STEM_FROM).value == 2 and D.stem(320).value == 2
+    kept = D.stem(96)  # 192 px pictures: a strided stem would leave the blocks at 48 px
+    assert kept.value == 1 and f"under {D.MIN_SIDE} px" in kept.reason
+    # The data's side picks it, not the side the budget cut to: the probe timed that network.
+    models = {d.field: d.value for d in D.network(128, wanted=192)}
+    assert models["model.stem_stride"] == 2 and models["model.arch"] == "small_resnet"
 
 
 def test_gather_reads_counts_sizes_and_colour(synth_data):

@@ -11,6 +11,7 @@ import pytest
 from dtrain.evaluation.evaluate import load_scores, save_scores, summarise
 from dtrain.evaluation.predict import Predictions
 from dtrain.recipe import budget as B
+from dtrain.recipe import decide as D
 from dtrain.recipe.decide import BUDGET_IMAGES, Decision
 from dtrain.recipe.folds import MAX_FOLDS, MIN_FOLDS, assign_folds, link_split, plan_folds
 
@@ -106,11 +107,26 @@ def test_budget_shrinks_the_side_to_fit_every_run():
     assert fit.seconds == per_run  # each run's time_budget_s
 
 
+def test_a_small_set_spends_the_budget_on_pixels_not_on_repeats():
+    # 270 training images are capped at MAX_EPOCHS passes: 27 000 seen, not BUDGET_IMAGES.
+    assert B.images_needed(270) == 270 * D.MAX_EPOCHS < BUDGET_IMAGES and B.images_needed(5000) == BUDGET_IMAGES
+    cost = B.scaled(0.005, 256)  # at 90 000 images, 4 runs in 30 min fit only 192 px (the test above)
+    fit = B.fit_budget(_wanted(256), runs=4, budget_s=1800, seconds_per_image=cost, needed=B.images_needed(270))
+    assert fit.side.value == 256 and fit.warning is None
+    assert D.epochs(270, fit.images_seen).value == D.MAX_EPOCHS  # still capped by the epochs rule, not cut
+    # k-fold asks its runs for half of what one run needs, so a small set keeps its folds where a large one would not.
+    kept, _, _ = B.fit_folds(_wanted(256), 4, 1800, cost, needed=B.images_needed(270))
+    assert kept == 4 and B.fit_folds(_wanted(256), 4, 1800, cost)[0] == 0
+
+
 def test_budget_floor_cuts_images_and_warns():
     fit = B.fit_budget(_wanted(256), runs=6, budget_s=1800, seconds_per_image=lambda s: 0.5)
     assert fit.side.value == 128 and fit.images_seen < BUDGET_IMAGES and "weaker model" in fit.warning
     small = B.fit_budget(_wanted(64), runs=1, budget_s=60, seconds_per_image=lambda s: 0.5)
     assert small.side.value == 64 and small.images_seen >= 1
+    # Half of 160 px would be 96, but under a strided stem (from 128 px) that leaves the blocks 48 px.
+    strided = B.fit_budget(_wanted(160), runs=6, budget_s=1800, seconds_per_image=lambda s: 0.5)
+    assert strided.side.value == D.STRIDED_STEM_FROM
 
 
 def test_probe_times_a_real_training_step():

@@ -11,8 +11,11 @@ the cost at another side is the probe's times (side / probe side)^2.
 Rule: the training share of the budget is split evenly over the runs (k fold models +
 the final one, or the one run); the input side is the largest multiple of 32, at most
 the data's choice and at least half of it (a quarter of the native side: below that a
-defect a few pixels wide at native resolution is gone), at which each run still sees
-BUDGET_IMAGES images. When not even that floor affords them, the floor side is kept
+defect a few pixels wide at native resolution is gone; and at least 128 px with a strided
+stem, decide.stem), at which each run still sees
+BUDGET_IMAGES images, or MAX_EPOCHS passes over a set too small for that (images_needed:
+270 images want 27 000 seen, and spending the rest of the budget on pixels is what a
+small set of faint defects can still use). When not even that floor affords them, the floor side is kept
 and the images seen are cut to what fits, with a warning: a weaker model in time
 rather than a good one too late.
 
@@ -31,7 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dtrain.recipe.decide import BUDGET_IMAGES, MIN_SIDE, SIDE_STEP, Decision
+from dtrain.recipe.decide import BUDGET_IMAGES, MAX_EPOCHS, MIN_SIDE, SIDE_STEP, STRIDED_STEM_FROM, Decision
 from dtrain.recipe.folds import MIN_FOLDS
 
 # Of the budget, what training gets: the rest pays each run's start-up (processes,
@@ -53,13 +56,16 @@ class Fit:
     side: Decision  # data.image_size
     images_seen: int  # per run
     reason: str  # the budget's arithmetic, printed with the epochs decision
-    warning: str | None  # when the budget forced fewer images than BUDGET_IMAGES
+    warning: str | None  # when the budget forced fewer images than `needed`
     seconds: float  # per run: its training loop's share of the budget (TrainConfig.time_budget_s)
+    needed: int = BUDGET_IMAGES  # the images a run would see unhurried (fewer for a small set: decide.epochs' cap)
 
 
 def _floor_side(wanted: int) -> int:
-    """The smallest side the budget may shrink to: half the data's choice (a quarter of the native side)."""
-    return min(max(MIN_SIDE, math.ceil(wanted / 2 / SIDE_STEP) * SIDE_STEP), wanted)
+    """The smallest side the budget may shrink to: half the data's choice (a quarter of the native
+    side), and never so small that a strided stem (decide.stem) leaves the blocks under MIN_SIDE."""
+    least = STRIDED_STEM_FROM if wanted >= STRIDED_STEM_FROM else MIN_SIDE
+    return min(max(least, math.ceil(wanted / 2 / SIDE_STEP) * SIDE_STEP), wanted)
 
 
 def _per_run(budget_s: float, runs: int) -> float:
@@ -71,37 +77,50 @@ def _plan(budget_s: float, runs: int, per_run: float, cost: float, side: int) ->
             f"{cost * 1000:.1f} ms per image at {side} px")
 
 
-def fit_budget(wanted: Decision, runs: int, budget_s: float, seconds_per_image: Callable[[int], float]) -> Fit:
-    """`wanted`: the data's input side decision; `seconds_per_image(side)`: training cost per image seen."""
+def images_needed(n_train: int) -> int:
+    """Images one run sees when time is no object: BUDGET_IMAGES, or MAX_EPOCHS passes over a set
+    too small for that (decide.epochs). A side is afforded when the budget buys this many."""
+    return min(BUDGET_IMAGES, n_train * MAX_EPOCHS)
+
+
+def fit_budget(
+    wanted: Decision, runs: int, budget_s: float, seconds_per_image: Callable[[int], float],
+    needed: int = BUDGET_IMAGES,
+) -> Fit:
+    """`wanted`: the data's input side decision; `seconds_per_image(side)`: training cost per image seen;
+    `needed`: images_needed for the run's training set."""
     per_run = _per_run(budget_s, runs)
     floor = _floor_side(wanted.value)
     sides = [wanted.value] + list(range((wanted.value - 1) // SIDE_STEP * SIDE_STEP, floor - 1, -SIDE_STEP))
     afford = {s: int(per_run / seconds_per_image(s)) for s in sides}
     for s in sides:
-        if afford[s] >= BUDGET_IMAGES:
+        if afford[s] >= needed:
             why = wanted.reason if s == wanted.value else (
                 f"{wanted.value} px ({wanted.reason}) would see only {afford[wanted.value]} images per run in the budget; "
-                f"{s} px is the largest side that affords {BUDGET_IMAGES}")
+                f"{s} px is the largest side that affords {needed}")
+            # The images seen stay the recipe's budget: decide.epochs caps a small set's passes itself.
             return Fit(Decision("data.image_size", s, why), BUDGET_IMAGES,
-                       _plan(budget_s, runs, per_run, seconds_per_image(s), s), None, per_run)
+                       _plan(budget_s, runs, per_run, seconds_per_image(s), s), None, per_run, needed)
     images = max(afford[floor], 1)
     warning = (f"the {budget_s / 60:.0f} min budget affords only {images} images seen per run at {floor} px (the "
-               f"smallest side that keeps small defects visible), under the {BUDGET_IMAGES} a from-scratch model wants: "
+               f"smallest side that keeps small defects visible), under the {needed} a from-scratch model wants: "
                "expect a weaker model; give it more time (--budget-minutes) or more cores or a GPU")
     why = (f"{wanted.value} px ({wanted.reason}) does not fit the budget; {floor} px is the floor (half the data's "
            "choice: below it a defect a few pixels wide at native resolution vanishes)")
     if floor == wanted.value:
         why = wanted.reason
     return Fit(Decision("data.image_size", floor, why), images,
-               _plan(budget_s, runs, per_run, seconds_per_image(floor), floor), warning, per_run)
+               _plan(budget_s, runs, per_run, seconds_per_image(floor), floor), warning, per_run, needed)
 
 
-def fit_folds(wanted: Decision, k: int, budget_s: float, seconds_per_image: Callable[[int], float]) -> tuple[int, Fit, str]:
+def fit_folds(
+    wanted: Decision, k: int, budget_s: float, seconds_per_image: Callable[[int], float], needed: int = BUDGET_IMAGES,
+) -> tuple[int, Fit, str]:
     """(k actually run, the budget's fit for its runs, what the budget did to k, in words).
 
     The fold runs keep the side one run would get: a better-founded threshold cannot
     rescue a model that saw the defects too small, or saw too few images."""
-    single = fit_budget(wanted, 1, budget_s, seconds_per_image)
+    single = fit_budget(wanted, 1, budget_s, seconds_per_image, needed)
     if k == 0:
         return 0, single, ""
     kept = _folds_kept(single, k, budget_s, seconds_per_image)
@@ -109,42 +128,44 @@ def fit_folds(wanted: Decision, k: int, budget_s: float, seconds_per_image: Call
         return kept
     return 0, single, (
         f"; but {MIN_FOLDS + 1} runs at {single.side.value} px (the side one run affords) would see fewer than "
-        f"{int(BUDGET_IMAGES * KFOLD_MIN_SHARE)} images each, and a better-founded threshold cannot rescue a model that "
+        f"{int(needed * KFOLD_MIN_SHARE)} images each, and a better-founded threshold cannot rescue a model that "
         "saw too little: no k-fold, the threshold is chosen on the validation split (--budget-minutes "
-        f"{minutes_for_folds(wanted, seconds_per_image)} would afford {MIN_FOLDS} folds here)")
+        f"{minutes_for_folds(wanted, seconds_per_image, needed)} would afford {MIN_FOLDS} folds here)")
 
 
 def _folds_kept(single: Fit, k: int, budget_s: float, seconds_per_image: Callable[[int], float]) -> tuple[int, Fit, str] | None:
     """The most folds, k down to MIN_FOLDS, whose runs each see enough images at one run's side; None: none do."""
     side = single.side.value
     cost = seconds_per_image(side)
-    enough = int(BUDGET_IMAGES * KFOLD_MIN_SHARE)
+    enough = int(single.needed * KFOLD_MIN_SHARE)
     for j in range(k, MIN_FOLDS - 1, -1):
         per_run = _per_run(budget_s, j + 1)
         images = min(single.images_seen, int(per_run / cost))
         if images >= enough:
             lowered = "" if j == k else (f"; lowered from {k} to {j} folds so that each of the {j + 1} runs sees "
                                          f"{enough}+ images at {side} px in the budget")
-            fit = Fit(single.side, images, _plan(budget_s, j + 1, per_run, cost, side), single.warning, per_run)
+            fit = Fit(single.side, images, _plan(budget_s, j + 1, per_run, cost, side), single.warning, per_run,
+                      single.needed)
             return j, fit, lowered
     return None
 
 
-def minutes_for_folds(wanted: Decision, seconds_per_image: Callable[[int], float]) -> int:
+def minutes_for_folds(wanted: Decision, seconds_per_image: Callable[[int], float], needed: int = BUDGET_IMAGES) -> int:
     """The smallest whole-minute budget at which fit_folds keeps MIN_FOLDS folds, even if the
     next run's probe measures up to PROBE_SLACK slower.
 
     Not simply MIN_FOLDS + 1 runs at today's side: a larger budget first raises the side one
     run gets (up to the data's choice), and the folds then have to afford that side. So
     each side's need is tried, smallest first, until the budget it names really keeps them."""
-    enough = int(BUDGET_IMAGES * KFOLD_MIN_SHARE)
+    enough = int(needed * KFOLD_MIN_SHARE)
     sides = sorted({wanted.value, *range(_floor_side(wanted.value), wanted.value, SIDE_STEP)})
     factors = [1 + PROBE_SLACK * i / 4 for i in range(5)]  # the probe's cost, as measured up to PROBE_SLACK slower
 
     def keeps(minutes: int) -> bool:
         def kept(f: float) -> bool:
             cost = lambda side: f * seconds_per_image(side)  # noqa: E731
-            return _folds_kept(fit_budget(wanted, 1, minutes * 60, cost), MIN_FOLDS, minutes * 60, cost) is not None
+            fit = fit_budget(wanted, 1, minutes * 60, cost, needed)
+            return _folds_kept(fit, MIN_FOLDS, minutes * 60, cost) is not None
         return all(kept(f) for f in factors)
 
     for side in sides:

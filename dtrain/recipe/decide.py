@@ -20,6 +20,12 @@ from dtrain.recipe.stats import DataStats
 MIN_SIDE, MAX_SIDE = 64, 320
 # Sides are multiples of 32: every ResNet stage halves the map, five halvings stay exact.
 SIDE_STEP = 32
+# From this side on (the data wants a downscale to at least 128 px, so its pictures are
+# 256 px or more) the network's first convolution strides by 2: the input is taken at
+# twice the side the body's compute affords, and the downscale is learned from native
+# pixels rather than averaged (dtrain/models/small.py). Below it, a stride would leave the
+# body under MIN_SIDE.
+STRIDED_STEM_FROM = 2 * MIN_SIDE
 # Images seen in training. A from-scratch CNN converges after a number of weight
 # updates, not of epochs. Bold defects (the quickstart) need ~470 steps of 64 images;
 # small faint defects on parts of every finish (the plant profile) were still learning at
@@ -76,13 +82,31 @@ def input_side(stats: DataStats) -> Decision:
     return Decision("data.image_size", side, why)
 
 
-def architecture(side: int) -> Decision:
+def architecture(side: int, strided: bool = False) -> Decision:
+    if strided:  # the blocks see a map of half the side: ResNet-18's resolution, not twice it
+        keeps = (f" with a 3x3 stride-2 stem (below): its blocks see the maps of a picture of {side // 2} px "
+                 "(a quarter of ResNet-18's multiply-adds at this side)")
+    else:
+        keeps = " keeps twice ResNet-18's resolution at every stage (a 3x3 full-resolution stem) for the same multiply-adds"
     return Decision(
         "model.arch", "small_resnet",
-        f"at {side} px: the small-crop ResNet keeps twice ResNet-18's resolution at every stage (a 3x3 "
-        "full-resolution stem) for the same multiply-adds, with a quarter of the parameters (less to overfit "
+        f"at {side} px: the small-crop ResNet{keeps}, with a quarter of the parameters (less to overfit "
         "on rare classes, less for DDP to all-reduce)",
     )
+
+
+def stem(wanted: int) -> Decision:
+    """`wanted`: the data's own side (input_side), not the budget's: every side the budget
+    tries is costed, probed and trained with one stem."""
+    if wanted >= STRIDED_STEM_FROM:
+        return Decision(
+            "model.stem_stride", 2,
+            f"the data wants {wanted} px, a downscale of its pictures: the first convolution strides by 2, so the "
+            "network takes twice the side for about the compute of a full-resolution stem at half of it, and learns "
+            "the downscale from native pixels (a resize averages a line a pixel or two wide into its surroundings)",
+        )
+    return Decision("model.stem_stride", 1, f"{wanted} px: a full-resolution first convolution (a stride would leave "
+                                            f"the blocks under {MIN_SIDE} px)")
 
 
 def input_norm() -> Decision:
@@ -102,9 +126,11 @@ def pooling() -> Decision:
     )
 
 
-def network(side: int) -> list[Decision]:
-    """The model.* decisions: what the plan writes and what the budget's probe times."""
-    return [architecture(side), input_norm(), pooling()]
+def network(side: int, wanted: int) -> list[Decision]:
+    """The model.* decisions: what the plan writes and what the budget's probe times.
+    `side`: the input side; `wanted`: the data's own (input_side), which picks the stem."""
+    first = stem(wanted)
+    return [architecture(side, first.value == 2), first, input_norm(), pooling()]
 
 
 def sampling(stats: DataStats) -> list[Decision]:
@@ -235,10 +261,11 @@ def plan(
     """The decisions, in print order. `side`/`images_seen`/`budget`: the wall-clock budget's
     (recipe/budget.py; default: the data's wish); `n_train`: the final run's training images
     (train + val under k-fold); `kfold`: the threshold comes from out-of-fold scores."""
-    side = side or input_side(stats)
+    wanted = input_side(stats)
+    side = side or wanted
     n = n_train or stats.n_train
     return [
-        negative_class(stats), side, *network(side.value), cache(n, side.value),
+        negative_class(stats), side, *network(side.value, wanted.value), cache(n, side.value),
         *augmentation(stats), *sampling(stats), epochs(n, images_seen, budget), *validation(stats, kfold),
         Decision("batch_size", BATCH_SIZE, "per process; keeps one CPU thread per rank busy"),
     ]
