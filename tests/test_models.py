@@ -46,11 +46,12 @@ def test_a_strided_stem_takes_twice_the_side_into_the_same_maps():
     # The blocks get the maps a full-resolution stem makes of half the side: the same compute.
     assert strided.stem(torch.rand(1, 3, 128, 128)).shape == flat.stem(torch.rand(1, 3, 64, 64)).shape
     assert _params(strided) == _params(flat)  # the same weights, so a checkpoint is read by either
-    # A line one pixel wide at native resolution still moves the logits.
+    # A line one pixel wide on a row the stride steps over (odd) still moves the logits: the
+    # 3x3 kernel reaches between its samples, where plain subsampling would drop the line.
     strided.eval()
     x = torch.rand(1, 3, 128, 128)
     y = x.clone()
-    y[..., 64, 20:100] = 1.0
+    y[..., 65, 20:100] = 1.0
     with torch.no_grad():
         assert not torch.allclose(strided(x), strided(y))
 

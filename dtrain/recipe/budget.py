@@ -58,7 +58,6 @@ class Fit:
     reason: str  # the budget's arithmetic, printed with the epochs decision
     warning: str | None  # when the budget forced fewer images than `needed`
     seconds: float  # per run: its training loop's share of the budget (TrainConfig.time_budget_s)
-    needed: int = BUDGET_IMAGES  # the images a run would see unhurried (fewer for a small set: decide.epochs' cap)
 
 
 def _floor_side(wanted: int) -> int:
@@ -100,7 +99,7 @@ def fit_budget(
                 f"{s} px is the largest side that affords {needed}")
             # The images seen stay the recipe's budget: decide.epochs caps a small set's passes itself.
             return Fit(Decision("data.image_size", s, why), BUDGET_IMAGES,
-                       _plan(budget_s, runs, per_run, seconds_per_image(s), s), None, per_run, needed)
+                       _plan(budget_s, runs, per_run, seconds_per_image(s), s), None, per_run)
     images = max(afford[floor], 1)
     warning = (f"the {budget_s / 60:.0f} min budget affords only {images} images seen per run at {floor} px (the "
                f"smallest side that keeps small defects visible), under the {needed} a from-scratch model wants: "
@@ -110,7 +109,7 @@ def fit_budget(
     if floor == wanted.value:
         why = wanted.reason
     return Fit(Decision("data.image_size", floor, why), images,
-               _plan(budget_s, runs, per_run, seconds_per_image(floor), floor), warning, per_run, needed)
+               _plan(budget_s, runs, per_run, seconds_per_image(floor), floor), warning, per_run)
 
 
 def fit_folds(
@@ -123,7 +122,7 @@ def fit_folds(
     single = fit_budget(wanted, 1, budget_s, seconds_per_image, needed)
     if k == 0:
         return 0, single, ""
-    kept = _folds_kept(single, k, budget_s, seconds_per_image)
+    kept = _folds_kept(single, k, budget_s, seconds_per_image, needed)
     if kept is not None:
         return kept
     return 0, single, (
@@ -133,19 +132,21 @@ def fit_folds(
         f"{minutes_for_folds(wanted, seconds_per_image, needed)} would afford {MIN_FOLDS} folds here)")
 
 
-def _folds_kept(single: Fit, k: int, budget_s: float, seconds_per_image: Callable[[int], float]) -> tuple[int, Fit, str] | None:
-    """The most folds, k down to MIN_FOLDS, whose runs each see enough images at one run's side; None: none do."""
+def _folds_kept(
+    single: Fit, k: int, budget_s: float, seconds_per_image: Callable[[int], float], needed: int,
+) -> tuple[int, Fit, str] | None:
+    """The most folds, k down to MIN_FOLDS, whose runs each see KFOLD_MIN_SHARE of `needed` images at one
+    run's side; None: none do."""
     side = single.side.value
     cost = seconds_per_image(side)
-    enough = int(single.needed * KFOLD_MIN_SHARE)
+    enough = int(needed * KFOLD_MIN_SHARE)
     for j in range(k, MIN_FOLDS - 1, -1):
         per_run = _per_run(budget_s, j + 1)
         images = min(single.images_seen, int(per_run / cost))
         if images >= enough:
             lowered = "" if j == k else (f"; lowered from {k} to {j} folds so that each of the {j + 1} runs sees "
                                          f"{enough}+ images at {side} px in the budget")
-            fit = Fit(single.side, images, _plan(budget_s, j + 1, per_run, cost, side), single.warning, per_run,
-                      single.needed)
+            fit = Fit(single.side, images, _plan(budget_s, j + 1, per_run, cost, side), single.warning, per_run)
             return j, fit, lowered
     return None
 
@@ -165,7 +166,7 @@ def minutes_for_folds(wanted: Decision, seconds_per_image: Callable[[int], float
         def kept(f: float) -> bool:
             cost = lambda side: f * seconds_per_image(side)  # noqa: E731
             fit = fit_budget(wanted, 1, minutes * 60, cost, needed)
-            return _folds_kept(fit, MIN_FOLDS, minutes * 60, cost) is not None
+            return _folds_kept(fit, MIN_FOLDS, minutes * 60, cost, needed) is not None
         return all(kept(f) for f in factors)
 
     for side in sides:
