@@ -29,11 +29,26 @@ def _stats(side=256, counts=None, val=None, grey=0.0, aspect=1.0, negative="ok")
     )
 
 
-@pytest.mark.parametrize("native, side", [(32, 32), (64, 64), (200, 128), (512, 256), (1200, 320)])
+# (native, input side): half the native side for the blocks; from 128 px of blocks the stem
+# strides, and the input takes the pictures' own pixels (up to twice the blocks' side).
+@pytest.mark.parametrize("native, side", [(32, 32), (64, 64), (190, 96), (200, 192), (512, 512), (1200, 640)])
 def test_input_side_halves_native_within_bounds_and_never_upsamples(native, side):
     d = D.input_side(_stats(side=native))
-    assert d.field == "data.image_size" and d.value == side
+    assert d.field == "data.image_size" and d.value == side and side <= native
     assert ("capped" in d.reason) == (native == 1200)
+    assert ("the stem's stride" in d.reason) == (side >= D.STRIDED_STEM_FROM)
+
+
+def test_larger_pictures_never_reach_the_blocks_smaller():
+    """What the blocks see (input side / stem stride) grows with the pictures, and is half the
+    native side (on the 32 px grid) up to the cap: a strided stem must not halve it a second time."""
+    seen = []
+    for native in range(32, 1300, 2):
+        side = D.input_side(_stats(side=native)).value
+        blocks = side // D.stem(side).value
+        assert blocks >= min(native // D.SIDE_STEP * D.SIDE_STEP / 2, D.MAX_SIDE, native), native
+        seen.append(blocks)
+    assert seen == sorted(seen)
 
 
 def test_wide_images_are_said_to_be_squashed():
@@ -75,10 +90,10 @@ def test_every_decision_is_a_trainconfig_field():
     decisions = D.plan(_stats())
     assert all(d.reason for d in decisions)
     cfg = validate(TrainConfig, _merged(TRAIN, D.as_config(decisions)), "the recipe")
-    assert cfg.data.image_size == 128 and cfg.data.sampling == "sqrt_inverse" and cfg.keep_best
+    assert cfg.data.image_size == 256 and cfg.data.sampling == "sqrt_inverse" and cfg.keep_best
     assert cfg.model.input_norm == "per_image" and cfg.model.pool == "avgmax"
     assert cfg.data.augment and cfg.data.shift == D.SHIFT
-    assert cfg.model.stem_stride == 2  # the data wants 128 px of larger pictures
+    assert cfg.model.stem_stride == 2  # 256 px pictures: the blocks see 128 px
 
 
 def test_the_stem_strides_only_when_the_data_wants_a_downscale_to_128_px_or_more():

@@ -127,6 +127,9 @@ def test_budget_floor_cuts_images_and_warns():
     # Half of 160 px would be 96, but under a strided stem (from 128 px) that leaves the blocks 48 px.
     strided = B.fit_budget(_wanted(160), runs=6, budget_s=1800, seconds_per_image=lambda s: 0.5)
     assert strided.side.value == D.STRIDED_STEM_FROM
+    # A strided stem's input is the native side (decide.input_side): its floor is a quarter of it, not half.
+    native = B.fit_budget(_wanted(640), runs=6, budget_s=1800, seconds_per_image=lambda s: 0.5)
+    assert native.side.value == 160 and "a quarter of the native side" in native.side.reason
 
 
 def test_probe_times_a_real_training_step():

@@ -10,9 +10,9 @@ the cost at another side is the probe's times (side / probe side)^2.
 
 Rule: the training share of the budget is split evenly over the runs (k fold models +
 the final one, or the one run); the input side is the largest multiple of 32, at most
-the data's choice and at least half of it (a quarter of the native side: below that a
-defect a few pixels wide at native resolution is gone; and at least 128 px with a strided
-stem, decide.stem), at which each run still sees
+the data's choice and at least a quarter of the native side (below that a defect a few
+pixels wide at native resolution is gone; and at least 128 px with a strided stem,
+decide.stem), at which each run still sees
 BUDGET_IMAGES images, or MAX_EPOCHS passes over a set too small for that (images_needed:
 270 images want 27 000 seen, and spending the rest of the budget on pixels is what a
 small set of faint defects can still use). When not even that floor affords them, the floor side is kept
@@ -61,10 +61,15 @@ class Fit:
 
 
 def _floor_side(wanted: int) -> int:
-    """The smallest side the budget may shrink to: half the data's choice (a quarter of the native
-    side), and never so small that a strided stem (decide.stem) leaves the blocks under MIN_SIDE."""
-    least = STRIDED_STEM_FROM if wanted >= STRIDED_STEM_FROM else MIN_SIDE
-    return min(max(least, math.ceil(wanted / 2 / SIDE_STEP) * SIDE_STEP), wanted)
+    """The smallest input side the budget may shrink to: a quarter of the native side (below it a
+    defect a few pixels wide at native resolution is gone), and never so small that a strided
+    stem (decide.stem) leaves the blocks under MIN_SIDE. `wanted`: the data's input side, which
+    is half the native side with a full-resolution stem and the native side with a strided one."""
+    if wanted >= STRIDED_STEM_FROM:
+        least, quarter = STRIDED_STEM_FROM, wanted / 4
+    else:
+        least, quarter = MIN_SIDE, wanted / 2
+    return min(max(least, math.ceil(quarter / SIDE_STEP) * SIDE_STEP), wanted)
 
 
 def _per_run(budget_s: float, runs: int) -> float:
@@ -104,8 +109,8 @@ def fit_budget(
     warning = (f"the {budget_s / 60:.0f} min budget affords only {images} images seen per run at {floor} px (the "
                f"smallest side that keeps small defects visible), under the {needed} a from-scratch model wants: "
                "expect a weaker model; give it more time (--budget-minutes) or more cores or a GPU")
-    why = (f"{wanted.value} px ({wanted.reason}) does not fit the budget; {floor} px is the floor (half the data's "
-           "choice: below it a defect a few pixels wide at native resolution vanishes)")
+    why = (f"{wanted.value} px ({wanted.reason}) does not fit the budget; {floor} px is the floor (a quarter of the "
+           "native side: below it a defect a few pixels wide at native resolution vanishes)")
     if floor == wanted.value:
         why = wanted.reason
     return Fit(Decision("data.image_size", floor, why), images,

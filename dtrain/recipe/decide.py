@@ -20,11 +20,11 @@ from dtrain.recipe.stats import DataStats
 MIN_SIDE, MAX_SIDE = 64, 320
 # Sides are multiples of 32: every ResNet stage halves the map, five halvings stay exact.
 SIDE_STEP = 32
-# From this side on (the data wants a downscale to at least 128 px, so its pictures are
-# 256 px or more) the network's first convolution strides by 2: the input is taken at
-# twice the side the body's compute affords, and the downscale is learned from native
-# pixels rather than averaged (dtrain/models/small.py). Below it, a stride would leave the
-# body under MIN_SIDE.
+# From this side on (what the blocks want, half the native side: pictures of 193 px or more)
+# the network's first convolution strides by 2 and the input is taken at up to twice the
+# blocks' side, the pictures' own pixels: the downscale is learned from them rather than
+# averaged (dtrain/models/small.py). Smaller pictures hold too few pixels to double the
+# blocks' side without upsampling, and a stride would leave their blocks under it.
 STRIDED_STEM_FROM = 2 * MIN_SIDE
 # Images seen in training. A from-scratch CNN converges after a number of weight
 # updates, not of epochs. Bold defects (the quickstart) need ~470 steps of 64 images;
@@ -67,15 +67,25 @@ class Decision:
 
 
 def input_side(stats: DataStats) -> Decision:
+    """The side the data wants at the network's input. The blocks want half the native side;
+    where that is STRIDED_STEM_FROM or more, the stem strides (stem) and halves its input for
+    them, so the input is taken at twice that, native pixels, never upsampled."""
     native = stats.median_side
     half = math.ceil(native / 2 / SIDE_STEP) * SIDE_STEP
-    side = min(native, max(MIN_SIDE, min(MAX_SIDE, half)))
+    blocks = min(native, max(MIN_SIDE, min(MAX_SIDE, half)))
     why = (
         f"median shorter side {native} px; half of it (rounded up to {SIDE_STEP}) keeps a defect a few pixels "
         f"wide at native resolution at least half as wide, within {MIN_SIDE}..{MAX_SIDE} px, never upsampled"
     )
-    if side < half:
+    if blocks < half:
         why += f" (capped at {MAX_SIDE}: larger pictures would want tiles at native resolution)"
+    side = blocks
+    if blocks >= STRIDED_STEM_FROM:
+        # Before: the input was the blocks' side, and the stride halved it again: 200 px
+        # pictures reached the blocks at 64 px where 190 px ones (no stride) reached them at 96.
+        side = min(native // SIDE_STEP * SIDE_STEP, 2 * blocks)
+        why += (f"; that is what the blocks see: the stem's stride (below) halves its input, so the input is taken "
+                f"at {side} px, the pictures' own pixels")
     wide = sum(r > 1.5 for r in stats.aspect_ratios) / len(stats.aspect_ratios)
     if wide > 0.5:
         why += f"; {wide:.0%} of the images are over 1.5:1 and are squashed to a square"
@@ -96,14 +106,15 @@ def architecture(side: int, strided: bool = False) -> Decision:
 
 
 def stem(wanted: int) -> Decision:
-    """`wanted`: the data's own side (input_side), not the budget's: every side the budget
-    tries is costed, probed and trained with one stem."""
+    """`wanted`: the data's own input side (input_side), not the budget's: every side the
+    budget tries is costed, probed and trained with one stem."""
     if wanted >= STRIDED_STEM_FROM:
         return Decision(
             "model.stem_stride", 2,
-            f"the data wants {wanted} px, a downscale of its pictures: the first convolution strides by 2, so the "
-            "network takes twice the side for about the compute of a full-resolution stem at half of it, and learns "
-            "the downscale from native pixels (a resize averages a line a pixel or two wide into its surroundings)",
+            f"the data wants {wanted} px, pictures its blocks see downscaled: the first convolution strides by 2, so "
+            "the network takes twice the blocks' side for about the compute of a full-resolution stem at half of it, "
+            "and learns the downscale from native pixels (a resize averages a line a pixel or two wide into its "
+            "surroundings)",
         )
     return Decision("model.stem_stride", 1, f"{wanted} px: a full-resolution first convolution (a stride would leave "
                                             f"the blocks under {MIN_SIDE} px)")
