@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dtrain.recipe.decide import BUDGET_IMAGES, MAX_EPOCHS, MIN_SIDE, SIDE_STEP, STRIDED_STEM_FROM, Decision
+from dtrain.recipe.decide import BUDGET_IMAGES, MAX_EPOCHS, MIN_SIDE, SIDE_STEP, Decision, stem
 from dtrain.recipe.folds import MIN_FOLDS
 
 # Of the budget, what training gets: the rest pays each run's start-up (processes,
@@ -62,14 +62,12 @@ class Fit:
 
 def _floor_side(wanted: int) -> int:
     """The smallest input side the budget may shrink to: a quarter of the native side (below it a
-    defect a few pixels wide at native resolution is gone), and never so small that a strided
-    stem (decide.stem) leaves the blocks under MIN_SIDE. `wanted`: the data's input side, which
-    is half the native side with a full-resolution stem and the native side with a strided one."""
-    if wanted >= STRIDED_STEM_FROM:
-        least, quarter = STRIDED_STEM_FROM, wanted / 4
-    else:
-        least, quarter = MIN_SIDE, wanted / 2
-    return min(max(least, math.ceil(quarter / SIDE_STEP) * SIDE_STEP), wanted)
+    defect a few pixels wide at native resolution is gone), and never so small that the blocks see
+    under MIN_SIDE. `wanted`: the data's input side, half the native side with a full-resolution
+    stem and the native side with a strided one; decide.stem says which."""
+    stride = stem(wanted).value
+    quarter = wanted / (2 * stride)
+    return min(max(MIN_SIDE * stride, math.ceil(quarter / SIDE_STEP) * SIDE_STEP), wanted)
 
 
 def _per_run(budget_s: float, runs: int) -> float:
