@@ -194,6 +194,16 @@ def test_kfold_is_kept_only_while_every_run_sees_enough_images_at_one_runs_side(
     assert B.fit_folds(wanted, 5, 507 * 60, B.scaled(0.1, 256))[0] == 4
     assert B.fit_folds(wanted, 5, 507 * 60, B.scaled(0.11, 256))[0] == 0  # what the hint without slack risked
     assert B.fit_folds(wanted, 0, 1800, B.scaled(0.1, 256))[0] == 0
+    # ...and since that budget first buys one run 256 px, the user who wants the folds at today's 128 px is told
+    # what `--folds 4` needs for it (every run 90 000 images): (90000*0.025*1.1+60)*5/0.75 s = 281.7 min, rounded up.
+    assert "at 256 px, the side one run gets by then; --folds 4 --budget-minutes 282 runs them at 128 px" in why
+    for cost in (0.1, 0.11):
+        fit = B.fit_budget(wanted, 5, 282 * 60, B.scaled(cost, 256))
+        assert (fit.side.value, fit.warning) == (128, None)
+    assert B.fit_budget(wanted, 5, 281 * 60, B.scaled(0.11, 256)).warning is not None
+    # At the data's own side there is nothing to trade: one budget is named.
+    why = B.fit_folds(wanted, 5, 1800, B.scaled(0.01, 256))[2]
+    assert why.endswith("(--budget-minutes 62 would afford 4 folds here)"), why
 
 
 def test_the_html_report_shows_the_threshold_basis(tmp_path):

@@ -295,9 +295,11 @@ def test_a_detached_job_has_an_agent_on_every_node_and_its_report_shows_them(slu
     assert res.returncode == 0, res.stdout + res.stderr
     job_id = job_id_of(res.stdout)
     assert _watchers(job_id), "no watcher collects the detached job's metrics"
-    deadline = time.monotonic() + 90
-    while "epoch 1" not in dtrain("logs", job_id, env=slurm_cluster.env()).stdout:
-        assert time.monotonic() < deadline
+    # Generous: under the full suite on 2 loaded cores, Slurm's start plus two torch imports took
+    # over 90 s once (session 20); the test is about where the agents run, not how fast.
+    deadline = time.monotonic() + 180
+    while "epoch 1" not in (logs := dtrain("logs", job_id, env=slurm_cluster.env())).stdout:
+        assert time.monotonic() < deadline, (logs.stdout[-2000:], logs.stderr[-2000:], status(slurm_cluster, job_id))
         time.sleep(1)
     agents = [cmd for _, cmd in job_processes(job_id) if "dtrain.monitor.node.agent" in cmd]
     assert any("--node h1" in a for a in agents) and any("--node h2" in a for a in agents), agents

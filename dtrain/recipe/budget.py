@@ -128,11 +128,19 @@ def fit_folds(
     kept = _folds_kept(single, k, budget_s, seconds_per_image, needed)
     if kept is not None:
         return kept
+    side = single.side.value
+    auto = minutes_for_folds(wanted, seconds_per_image, needed)
+    hint = f"--budget-minutes {auto} would afford {MIN_FOLDS} folds here"
+    then = fit_budget(wanted, 1, auto * 60, seconds_per_image, needed).side.value
+    if then > side:  # a larger budget first raises one run's side, and the folds must afford it: say so
+        hint += f", at {then} px, the side one run gets by then"
+        alt = minutes_for_side(wanted, side, MIN_FOLDS + 1, seconds_per_image, needed)
+        if alt < auto:
+            hint += f"; --folds {MIN_FOLDS} --budget-minutes {alt} runs them at {side} px, each seeing {needed} images"
     return 0, single, (
-        f"; but {MIN_FOLDS + 1} runs at {single.side.value} px (the side one run affords) would see fewer than "
+        f"; but {MIN_FOLDS + 1} runs at {side} px (the side one run affords) would see fewer than "
         f"{int(needed * KFOLD_MIN_SHARE)} images each, and a better-founded threshold cannot rescue a model that "
-        "saw too little: no k-fold, the threshold is chosen on the validation split (--budget-minutes "
-        f"{minutes_for_folds(wanted, seconds_per_image, needed)} would afford {MIN_FOLDS} folds here)")
+        f"saw too little: no k-fold, the threshold is chosen on the validation split ({hint})")
 
 
 def _folds_kept(
@@ -178,6 +186,26 @@ def minutes_for_folds(wanted: Decision, seconds_per_image: Callable[[int], float
         if keeps(minutes):
             return minutes
     while not keeps(minutes):  # at the data's own side the need above holds but for rounding
+        minutes += 1
+    return minutes
+
+
+def minutes_for_side(
+    wanted: Decision, side: int, runs: int, seconds_per_image: Callable[[int], float], needed: int = BUDGET_IMAGES,
+) -> int:
+    """The smallest whole-minute budget at which fit_budget gives each of `runs` runs `side` px or more
+    (what `--folds K` asks of it), even if the next run's probe measures up to PROBE_SLACK slower.
+
+    minutes_for_folds names the budget at which the recipe takes k-fold itself, and by then one
+    run's side has grown to the data's own; a user who would rather have the folds at today's
+    side needs far less, and is told both."""
+    cost = lambda s: (1 + PROBE_SLACK) * seconds_per_image(s)  # noqa: E731 (slower costs only raise the need)
+    minutes = math.ceil((needed * cost(side) + RUN_OVERHEAD_S) * runs / TRAIN_SHARE / 60)
+    def enough(m: int) -> bool:  # at the floor fit_budget keeps the side but cuts the images, with a warning
+        fit = fit_budget(wanted, runs, m * 60, cost, needed)
+        return fit.side.value >= side and fit.warning is None
+
+    while not enough(minutes):  # rounding at the edge
         minutes += 1
     return minutes
 
