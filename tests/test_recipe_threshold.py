@@ -132,6 +132,16 @@ def test_budget_floor_cuts_images_and_warns():
     assert native.side.value == 160 and "a quarter of the native side" in native.side.reason
 
 
+def test_the_probe_takes_fewer_pictures_per_step_as_they_grow():
+    """At most 16 pictures of 320 px worth of pixels per step, never under 4: the probe runs at the data's own
+    side, often the largest the quickstart touches, and at 640 px batch 16 took 4.5 GB on 2 ranks."""
+    sizes = list(range(32, 1300, 8))
+    batches = [B.probe_batch(s) for s in sizes]
+    assert batches == sorted(batches, reverse=True) and batches[0] == 16 and batches[-1] == 4
+    assert (B.probe_batch(320), B.probe_batch(352), B.probe_batch(640)) == (16, 13, 4)
+    assert all(b * s * s <= 16 * 320 * 320 for s, b in zip(sizes, batches) if b > 4)
+
+
 def test_probe_times_a_real_training_step():
     import torch
 

@@ -44,6 +44,8 @@ TRAIN_SHARE = 0.75
 # 2-core machine), and each rank's decode-once cache (~2 400 PNGs of 256-512 px: ~30 s).
 RUN_OVERHEAD_S = 60.0
 PROBE_WARMUP, PROBE_STEPS = 3, 4  # the first steps pay oneDNN's kernel selection: not timed
+# Probe step size: PROBE_BATCH pictures up to PROBE_PIXELS_SIDE px, no more pixels above (probe_batch).
+PROBE_BATCH, PROBE_PIXELS_SIDE, PROBE_MIN_BATCH = 16, 320, 4
 # k-fold only while every one of the k + 1 runs sees at least this share of BUDGET_IMAGES.
 KFOLD_MIN_SHARE = 0.5
 # The probe's timing varies between runs (30.4 and 30.7 ms per image at 192 px, the same
@@ -210,7 +212,20 @@ def minutes_for_side(
     return minutes
 
 
-def probe(model_cfg: dict, side: int, n_classes: int, precision: str = "auto", ranks: int = 1, batch: int = 16) -> float:
+def probe_batch(side: int) -> int:
+    """Images per probe step: PROBE_BATCH up to PROBE_PIXELS_SIDE px, then fewer, so a step holds
+    no more pixels than PROBE_BATCH pictures of that side (at least PROBE_MIN_BATCH).
+
+    The probe runs at the data's own side (up to 640 px), usually larger than the side the
+    budget then trains at, so its activations were the whole quickstart's peak: measured at
+    640 px on 2 ranks (Zen 3, BENCHMARKS.md session 21), batch 16 took 4.5 GB and 50 s, batch 4
+    2.0 GB and 13 s, for a cost per image 6 % lower (352 px, 16 -> 8: 5 % lower); the run
+    checks its own pace against the plan in any case (TrainConfig.time_budget_s)."""
+    return max(PROBE_MIN_BATCH, min(PROBE_BATCH, PROBE_BATCH * PROBE_PIXELS_SIDE ** 2 // side ** 2))
+
+
+def probe(model_cfg: dict, side: int, n_classes: int, precision: str = "auto", ranks: int = 1,
+          batch: int | None = None) -> float:
     """Seconds per training image (forward, backward, AdamW step) at `side` px for `ranks` DDP
     ranks side by side on this machine's CPU cores (or its GPU), each with its share of the cores.
 
@@ -224,6 +239,7 @@ def probe(model_cfg: dict, side: int, n_classes: int, precision: str = "auto", r
 
     import torch
 
+    batch = batch or probe_batch(side)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cuda":
         return _timed_steps(model_cfg, side, n_classes, precision, batch, dev, torch.get_num_threads())
