@@ -124,7 +124,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(synth_data, tmp_path,
     restore model, optimizer, scheduler, epoch/step and RNG, skip the samples the epoch
     already trained on, and the per-sample seeded augmentation must not depend on worker
     history. `recipe-options`: what `quickstart --data` adds (class-weighted sampling with
-    replacement, per-image standardisation, avg+max pooling, the weight average) resumes as exactly.
+    replacement, per-image standardisation, avg+max pooling, the weight average; and mixup, an option) resumes as exactly.
     """
     data = small_copy(synth_data, tmp_path / "data", {"train": 16, "val": 4})
     extra = dict(epochs=2, batch_size=8, checkpoint_every_steps=4, data={"augment": True, "num_workers": 1})
@@ -132,6 +132,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(synth_data, tmp_path,
         extra["data"]["sampling"] = "sqrt_inverse"
         extra["model"] = {"arch": "resnet18", "input_norm": "per_image", "pool": "avgmax"}
         extra["ema_decay"] = 0.9  # the average of the weights and its update count resume too
+        extra["mixup_alpha"] = 0.4  # blends drawn per (rank, step): a resumed run mixes as the uninterrupted one
     full = write_config(tmp_path / "full.yaml", data, tmp_path / "full", **extra)
     killed = write_config(tmp_path / "killed.yaml", data, tmp_path / "killed", **extra)
     run(dtrain_cmd + ["train", str(full), "--nproc", "2"])

@@ -57,6 +57,9 @@ class TrainConfig(StrictModel):
     # Validate, keep and publish an exponential moving average of the weights with this
     # decay (ramped in over the first steps, dtrain/train/ema.py); None = the last step's.
     ema_decay: float | None = Field(None, gt=0, lt=1)
+    # Train on blends of two images with the blend of their labels, the blend's weight drawn
+    # from Beta(alpha, alpha) per batch (dtrain/train/mixup.py: for defect types, not OK vs defect).
+    mixup_alpha: float | None = Field(None, gt=0)
     max_steps: int | None = Field(None, ge=1)  # stop early (tests, benchmarks)
     # Wall seconds the training loop may take (epochs with their validation and checkpoints;
     # not process start-up). At every epoch end the trainer fits the epochs still to run into

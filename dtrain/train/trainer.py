@@ -28,7 +28,7 @@ from dtrain.errors import ConfigError
 from dtrain.models import build_model
 from dtrain.monitor.rank.client import report_step
 from dtrain.train import checkpoint as ckpt
-from dtrain.train import deadline, dist, precision
+from dtrain.train import deadline, dist, mixup, precision
 from dtrain.train.ema import WeightAverage
 from dtrain.train.facts import describe, run_facts
 from dtrain.train.config import TrainConfig
@@ -267,7 +267,13 @@ class _Trainer:
                     loss = self.null_loss(state)
                 else:
                     with self.precision.autocast(dev):  # autocast runs cross_entropy in fp32
-                        loss = F.cross_entropy(state.model(images), labels, weight=self.loss_weight)
+                        if cfg.mixup_alpha is None:
+                            loss = F.cross_entropy(state.model(images), labels, weight=self.loss_weight)
+                        else:
+                            lam, perm = mixup.draw(cfg.mixup_alpha, labels.shape[0], cfg.seed, ctx.rank, state.step,
+                                                   (micro - 1) % accum)
+                            logits = state.model(mixup.mix(images, lam, perm))
+                            loss = mixup.loss(logits, labels, lam, perm, self.loss_weight)
                 state.scaler.scale(loss / accum).backward()
             window.add(loss.detach(), labels.shape[0])
             step_samples += labels.shape[0]
