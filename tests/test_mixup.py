@@ -15,6 +15,7 @@ def test_draws_are_a_function_of_seed_rank_step_and_micro_step():
     assert sorted(perm.tolist()) == list(range(16))
     others = [M.draw(0.2, 16, 3, 1, 7, 0), M.draw(0.2, 16, 3, 0, 8, 0), M.draw(0.2, 16, 3, 0, 7, 1), M.draw(0.2, 16, 4, 0, 7, 0)]
     assert all(o[0] != lam for o in others)  # another rank, step, micro-step or seed: another blend
+    assert M.draw(0.2, 16, -1, 0, 7, 0)[0] != M.draw(0.2, 16, 1, 0, 7, 0)[0]  # a negative seed is a seed too
     lams = [M.draw(0.2, 4, 0, 0, s, 0)[0] for s in range(400)]
     assert min(lams) >= 0.5 and max(lams) <= 1.0
     # Beta(0.2, 0.2) folded to [0.5, 1]: most blends stay near one image, some are near half and half.

@@ -203,6 +203,7 @@ def minutes_for_side(
     side needs far less, and is told both."""
     cost = lambda s: (1 + PROBE_SLACK) * seconds_per_image(s)  # noqa: E731 (slower costs only raise the need)
     minutes = math.ceil((needed * cost(side) + RUN_OVERHEAD_S) * runs / TRAIN_SHARE / 60)
+
     def enough(m: int) -> bool:  # at the floor fit_budget keeps the side but cuts the images, with a warning
         fit = fit_budget(wanted, runs, m * 60, cost, needed)
         return fit.side.value >= side and fit.warning is None

@@ -29,9 +29,10 @@ import torch.nn.functional as F
 
 
 def draw(alpha: float, batch: int, seed: int, rank: int, step: int, micro: int) -> tuple[float, torch.Tensor]:
-    """(l, partner permutation) for one micro-batch; l >= 0.5 so the first image dominates
-    (the loss is symmetric in the pair, and the logged accuracy of a batch reads as its own)."""
-    rng = np.random.default_rng([seed, rank, step, micro])
+    """(l, partner permutation) for one micro-batch; l >= 0.5, the first image of each pair
+    dominating (the loss is symmetric in the pair: folding loses no blend)."""
+    # A seed sequence takes no negative entries; TrainConfig.seed may be one.
+    rng = np.random.default_rng([seed & (2**64 - 1), rank, step, micro])
     lam = float(rng.beta(alpha, alpha))
     return max(lam, 1 - lam), torch.from_numpy(rng.permutation(batch))
 
