@@ -76,6 +76,11 @@ def _per_run(budget_s: float, runs: int) -> float:
     return max(budget_s * TRAIN_SHARE / runs - RUN_OVERHEAD_S, 0.0)
 
 
+def _minutes_for(per_run_s: float, runs: int) -> int:
+    """The whole minutes whose _per_run is at least `per_run_s` (its inverse, rounded up)."""
+    return math.ceil((per_run_s + RUN_OVERHEAD_S) * runs / TRAIN_SHARE / 60)
+
+
 def _plan(budget_s: float, runs: int, per_run: float, cost: float, side: int) -> str:
     return (f"{budget_s / 60:.0f} min budget, {TRAIN_SHARE:.0%} for training over {runs} run(s): {per_run:.0f} s each; "
             f"{cost * 1000:.1f} ms per image at {side} px")
@@ -183,8 +188,7 @@ def minutes_for_folds(wanted: Decision, seconds_per_image: Callable[[int], float
         return all(kept(f) for f in factors)
 
     for side in sides:
-        need_s = (enough * seconds_per_image(side) * factors[-1] + RUN_OVERHEAD_S) * (MIN_FOLDS + 1) / TRAIN_SHARE
-        minutes = math.ceil(need_s / 60)
+        minutes = _minutes_for(enough * seconds_per_image(side) * factors[-1], MIN_FOLDS + 1)
         if keeps(minutes):
             return minutes
     while not keeps(minutes):  # at the data's own side the need above holds but for rounding
@@ -202,7 +206,7 @@ def minutes_for_side(
     run's side has grown to the data's own; a user who would rather have the folds at today's
     side needs far less, and is told both."""
     cost = lambda s: (1 + PROBE_SLACK) * seconds_per_image(s)  # noqa: E731 (slower costs only raise the need)
-    minutes = math.ceil((needed * cost(side) + RUN_OVERHEAD_S) * runs / TRAIN_SHARE / 60)
+    minutes = _minutes_for(needed * cost(side), runs)
 
     def enough(m: int) -> bool:  # at the floor fit_budget keeps the side but cuts the images, with a warning
         fit = fit_budget(wanted, runs, m * 60, cost, needed)

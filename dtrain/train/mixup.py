@@ -38,10 +38,11 @@ def draw(alpha: float, batch: int, seed: int, rank: int, step: int, micro: int) 
 
 
 def mix(images: torch.Tensor, lam: float, perm: torch.Tensor) -> torch.Tensor:
-    return images.mul(lam).add_(images[perm.to(images.device)], alpha=1 - lam)
+    """`perm` on the images' device (the trainer moves it once for mix and loss)."""
+    return images.mul(lam).add_(images[perm], alpha=1 - lam)
 
 
 def loss(logits: torch.Tensor, labels: torch.Tensor, lam: float, perm: torch.Tensor,
          weight: torch.Tensor | None = None) -> torch.Tensor:
-    partner = labels[perm.to(labels.device)]
+    partner = labels[perm]
     return lam * F.cross_entropy(logits, labels, weight=weight) + (1 - lam) * F.cross_entropy(logits, partner, weight=weight)

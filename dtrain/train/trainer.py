@@ -272,6 +272,7 @@ class _Trainer:
                         else:
                             lam, perm = mixup.draw(cfg.mixup_alpha, labels.shape[0], cfg.seed, ctx.rank, state.step,
                                                    (micro - 1) % accum)
+                            perm = perm.to(dev, non_blocking=True)  # once, for the blend and the loss
                             logits = state.model(mixup.mix(images, lam, perm))
                             loss = mixup.loss(logits, labels, lam, perm, self.loss_weight)
                 state.scaler.scale(loss / accum).backward()
