@@ -19,6 +19,11 @@ Every carve is per class, from the class's sorted file list shuffled with a seed
 (`data.split_seed`, class name): the same split in every process, run and machine, and a
 rare class keeps images in each split.
 
+A class folder's images are those in it and in its sub-folders (as torchvision's
+ImageFolder reads one: the magnetic-tile set keeps its photos in `MT_Blowhole/Imgs/`),
+less ground-truth masks and archive debris (dtrain.data.masks); `Listing.left_out` says
+what was left out and why.
+
 Classes are the sorted union of the class folders of all splits, so every split of one
 data set agrees on the label numbering. An empty split name (`val_split: ""`) means the
 data set has no such split: it adds no classes, and MVTec carves no val split. "ok", "good" and "normal" are synonyms for the
@@ -32,13 +37,13 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dtrain.data.config import DataConfig
+from dtrain.data.masks import ARCHIVE_DEBRIS, images_under
 from dtrain.errors import DtrainError
 
-IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"})
 NEGATIVE_SYNONYMS = ("ok", "good", "normal")
 # How else a defect-free class is named in public and plant data sets ("MT_Free" for
 # magnetic tiles, "ok_front" for cast impellers, "Negative" beside "Positive" for cracked
@@ -58,6 +63,7 @@ class Listing:
     negative_index: int | None  # None: no defect-free class, a classification task
     paths: list[str]
     targets: list[int]
+    left_out: dict[str, str] = field(default_factory=dict)  # masks and ground-truth folders: path -> why
 
 
 def scan(cfg: DataConfig, split: str) -> Listing:
@@ -78,12 +84,17 @@ def _require_dir(path: Path, what: str, hint: str | None = None) -> None:
         )
 
 
-def _images_in(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+def _images_in(folder: Path, left_out: dict[str, str]) -> list[Path]:
+    """The images of one class folder, sub-folders included (dtrain.data.masks); what is
+    not a photo is added to `left_out`."""
+    images, skipped = images_under(folder)
+    left_out.update(skipped)
+    return images
 
 
 def _class_dirs(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return sorted(p.name for p in folder.iterdir()
+                  if p.is_dir() and not p.name.startswith(".") and p.name not in ARCHIVE_DEBRIS)
 
 
 def resolve_negative(classes: list[str], negative_class: str | None, where: Path) -> int | None:
@@ -118,7 +129,8 @@ def says_defect_free(name: str) -> bool:
     return bool(NEGATIVE_WORDS.intersection(words)) and not REJECTION_WORDS.intersection(words)
 
 
-def _listing(classes: list[str], negative: str | None, where: Path, files: dict[str, list[Path]]) -> Listing:
+def _listing(classes: list[str], negative: str | None, where: Path, files: dict[str, list[Path]],
+             left_out: dict[str, str]) -> Listing:
     neg = resolve_negative(classes, negative, where)
     paths: list[str] = []
     targets: list[int] = []
@@ -126,7 +138,7 @@ def _listing(classes: list[str], negative: str | None, where: Path, files: dict[
         for path in files.get(name, []):
             paths.append(str(path))
             targets.append(classes.index(name))
-    return Listing(classes, neg, paths, targets)
+    return Listing(classes, neg, paths, targets, left_out)
 
 
 def imagefolder(cfg: DataConfig, split: str) -> Listing:
@@ -150,8 +162,9 @@ def imagefolder(cfg: DataConfig, split: str) -> Listing:
     if not classes:
         raise DtrainError(f"no class folders in {split_dir}", "put each class's images in ROOT/<split>/<class>/")
     ordered = sorted(classes)
-    files = {name: _images_in(split_dir / name) for name in ordered if (split_dir / name).is_dir()}
-    return _listing(ordered, cfg.negative_class, root, files)
+    left_out: dict[str, str] = {}
+    files = {name: _images_in(split_dir / name, left_out) for name in ordered if (split_dir / name).is_dir()}
+    return _listing(ordered, cfg.negative_class, root, files, left_out)
 
 
 def _val_from_train(cfg: DataConfig, split: str) -> Listing:
@@ -166,7 +179,7 @@ def _val_from_train(cfg: DataConfig, split: str) -> Listing:
     shares = (1 - cfg.val_from_train, cfg.val_from_train, 0.0)
     files = {name: _carve([Path(p) for p, t in zip(whole.paths, whole.targets) if t == i], cfg.split_seed, name, shares)[part]
              for i, name in enumerate(whole.classes)}
-    return _listing(whole.classes, cfg.negative_class, Path(cfg.root), files)
+    return _listing(whole.classes, cfg.negative_class, Path(cfg.root), files, whole.left_out)
 
 
 def _carve(files: list[Path], seed: int, name: str, shares: tuple[float, float, float]) -> tuple[list[Path], ...]:
@@ -180,9 +193,11 @@ def _carve(files: list[Path], seed: int, name: str, shares: tuple[float, float, 
     return sorted(pool[:n_train]), sorted(pool[n_train:n_train + n_val]), sorted(pool[n_train + n_val:])
 
 
-def class_folders_with_images(root: Path) -> dict[str, list[Path]]:
-    """ROOT's sub-folders that directly hold images (the classes of a classfolders layout) -> their images."""
-    found = {name: _images_in(root / name) for name in _class_dirs(root)}
+def class_folders_with_images(root: Path, left_out: dict[str, str] | None = None) -> dict[str, list[Path]]:
+    """ROOT's sub-folders that hold images, in them or below (the classes of a classfolders
+    layout) -> their images."""
+    skipped: dict[str, str] = {} if left_out is None else left_out
+    found = {name: _images_in(root / name, skipped) for name in _class_dirs(root)}
     return {name: images for name, images in found.items() if images}
 
 
@@ -192,11 +207,12 @@ def classfolders(cfg: DataConfig, split: str) -> Listing:
     roles = {name: i for i, name in enumerate((cfg.train_split, cfg.val_split, cfg.test_split)) if name}
     if split not in roles:
         raise DtrainError(f"unknown split '{split}' for a classfolders data set", f"valid splits: {', '.join(roles)}")
-    found = class_folders_with_images(root)
+    left_out: dict[str, str] = {}
+    found = class_folders_with_images(root, left_out)
     if not found:
         raise DtrainError(f"no class folders with images in {root}", "put each class's images in ROOT/<class>/")
     files = {name: _carve(images, cfg.split_seed, name, cfg.split_fractions)[roles[split]] for name, images in found.items()}
-    return _listing(list(found), cfg.negative_class, root, files)
+    return _listing(list(found), cfg.negative_class, root, files, left_out)
 
 
 def _mvtec_base(cfg: DataConfig) -> Path:
@@ -241,16 +257,17 @@ def mvtec(cfg: DataConfig, split: str) -> Listing:
         _require_dir(base / sub, f"MVTec folder '{sub}'", "expected <category>/train/good/* and <category>/test/<defect>/*")
     classes = sorted(set(_class_dirs(base / "train")) | set(_class_dirs(base / "test")))
     files: dict[str, list[Path]] = {}
+    left_out: dict[str, str] = {}
     for name in classes:
-        official_train = _images_in(base / "train" / name) if (base / "train" / name).is_dir() else []
-        pool = _images_in(base / "test" / name) if (base / "test" / name).is_dir() else []
+        official_train = _images_in(base / "train" / name, left_out) if (base / "train" / name).is_dir() else []
+        pool = _images_in(base / "test" / name, left_out) if (base / "test" / name).is_dir() else []
         pool = _shuffled(pool, cfg.split_seed, name)
         n_train = int(len(pool) * cfg.mvtec_train_fraction)
         rest = pool[n_train:]
         n_val = int(round(len(rest) * cfg.mvtec_val_fraction)) if cfg.val_split else 0
         chosen = {"train": official_train + pool[:n_train], "val": rest[:n_val], "test": rest[n_val:]}[role]
         files[name] = sorted(chosen)
-    return _listing(classes, cfg.negative_class, base, files)
+    return _listing(classes, cfg.negative_class, base, files, left_out)
 
 
 LAYOUTS: dict[str, Callable[[DataConfig, str], Listing]] = {

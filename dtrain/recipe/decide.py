@@ -296,6 +296,13 @@ def notes(stats: DataStats) -> list[str]:
         path, why = next(iter(stats.refused.items()))
         out.append(f"{len(stats.refused)} of the sampled training images are refused by the decoder and will be skipped "
                    f"in training (e.g. {path}: {why})")
+    if stats.left_out:
+        path, why = next(iter(stats.left_out.items()))
+        masks = sum(not p.endswith(("/", "\\")) for p in stats.left_out)  # folders end in a separator
+        folders = len(stats.left_out) - masks
+        what = [f"{n} ground-truth {noun}{'s' if n != 1 else ''}" for n, noun in ((masks, "mask"), (folders, "folder")) if n]
+        out.append(f"{' and '.join(what)} among the images, left out of every split (e.g. {path}: {why}); a mask is a picture of "
+                   "the answer, not of the part")
     return out
 
 

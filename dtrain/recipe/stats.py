@@ -46,6 +46,7 @@ class DataStats:
     aspect_ratios: list[float]  # long side / short side, sampled
     grey_share: float  # sampled images that are grey
     refused: dict[str, str] = field(default_factory=dict)  # sampled files the decoder refuses: path -> why
+    left_out: dict[str, str] = field(default_factory=dict)  # masks and ground-truth folders (dtrain.data.masks)
 
     @property
     def n_train(self) -> int:
@@ -155,6 +156,7 @@ def gather(cfg: DataConfig, sample: int = SAMPLE, colour_sample: int = COLOUR_SA
         aspect_ratios=aspects,
         grey_share=grey / len(sides),
         refused=refused,
+        left_out={**train.left_out, **(val.left_out if val else {})},
     )
 
 

@@ -1,0 +1,114 @@
+"""The images under a class folder, as published defect sets ship them: sub-folders read,
+ground-truth masks and archive debris left out.
+
+torchvision's ImageFolder reads a class folder with every sub-folder in it, and public sets
+rely on that: the magnetic-tile set keeps its photos in `MT_Blowhole/Imgs/`. The same sets
+put each photo's pixel mask beside it (`exp1_num_4727.png` next to `exp1_num_4727.jpg`;
+KolektorSDD2's `10000_GT.png`; a `masks/` or `ground_truth/` sub-folder elsewhere). Read as
+pictures of their class, masks are pictures of the answer: the network learns "a white
+blob on black is a blowhole", and the test split's accuracy is inflated by the same files.
+
+A file is a mask when its name pairs it with another image in the same folder (the same
+stem under another extension, or that stem plus a suffix of MASK_SUFFIXES) and its pixels
+take at most MASK_LEVELS values: a photo has hundreds of grey levels, a mask one per label.
+Only paired files are opened (header and pixels of that file alone), so a folder of
+photos costs one directory walk. Sub-folders named as ground truth (MASK_DIRS) are not
+entered. Hidden files and folders, and macOS archive debris (`__MACOSX/`, `._name.jpg`
+resource forks, which carry an image's extension but no image), are not images.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"})
+MASK_SUFFIXES = ("_mask", "-mask", "_gt", "-gt", "_label", "_labels", "_seg", "_segmentation", "_anno")
+MASK_DIRS = frozenset({"mask", "masks", "gt", "ground_truth", "groundtruth", "ground-truth", "label", "labels",
+                       "annotation", "annotations", "segmentation", "segmentations"})
+# A binary mask has 2 values, a multi-label one a few more; a photo, even of a plain
+# surface, has far more than 8 once sensor noise is in it.
+MASK_LEVELS = 8
+# Only small files are opened to count their values; a mask compresses to little.
+MAX_MASK_PIXELS = 40_000_000
+ARCHIVE_DEBRIS = frozenset({"__MACOSX"})
+
+
+def images_under(folder: Path) -> tuple[list[Path], dict[str, str]]:
+    """Every image under `folder` and its sub-folders, sorted, and what was left out:
+    {path: why} for masks (files) and ground-truth sub-folders."""
+    images: list[Path] = []
+    left_out: dict[str, str] = {}
+    for here, dirs, names in os.walk(folder, followlinks=True):
+        kept = []
+        for d in sorted(dirs):
+            if d.startswith(".") or d in ARCHIVE_DEBRIS:
+                continue
+            if d.lower() in MASK_DIRS:
+                # A folder's key ends in a separator, so a reader tells it from a file without a stat.
+                left_out[os.path.join(here, d, "")] = f"a sub-folder named '{d}': ground truth, not photos"
+                continue
+            kept.append(d)
+        dirs[:] = kept  # os.walk descends only into what stays in the list
+        found = [Path(here, n) for n in names if not n.startswith(".") and Path(n).suffix.lower() in IMAGE_EXTENSIONS]
+        masks = _masks_among([p for p in found if p.is_file()])
+        left_out.update(masks)
+        images.extend(p for p in found if p.is_file() and str(p) not in masks)
+    return sorted(images), left_out
+
+
+def _masks_among(files: list[Path]) -> dict[str, str]:
+    """{path: why} for the files of one folder that are masks of another file there."""
+    stems: dict[str, list[Path]] = {}
+    for p in files:
+        stems.setdefault(p.stem.lower(), []).append(p)
+    out: dict[str, str] = {}
+    for p in files:
+        partner = _partner(p, stems)
+        if partner is None:
+            continue
+        levels = _levels(str(p), *_identity(p))
+        if levels is not None and levels <= MASK_LEVELS:
+            out[str(p)] = f"a mask of {partner.name}: {levels} pixel value{'s' if levels > 1 else ''}"
+    return out
+
+
+def _partner(p: Path, stems: dict[str, list[Path]]) -> Path | None:
+    """The photo `p` is named after, if any: the same stem under another extension, or
+    the stem `p` has without a mask suffix."""
+    stem = p.stem.lower()
+    same = [q for q in stems.get(stem, []) if q != p]
+    if same:
+        # Of a pair, only the file with few values is a mask; its partner is checked in turn.
+        return same[0]
+    for suffix in MASK_SUFFIXES:
+        if stem.endswith(suffix) and stem[: -len(suffix)] in stems:
+            return stems[stem[: -len(suffix)]][0]
+    return None
+
+
+def _identity(p: Path) -> tuple[int, int]:
+    st = p.stat()
+    return st.st_mtime_ns, st.st_size
+
+
+@functools.lru_cache(maxsize=65536)
+def _levels(path: str, _mtime_ns: int, _size: int) -> int | None:
+    """How many distinct pixel values the file has, up to MASK_LEVELS + 1; None when it
+    cannot be read (the decoder refuses it later with its own reason). Keyed by the file's
+    time and size: every split and rank scans the folders again."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as img:
+            if img.width * img.height > MAX_MASK_PIXELS or getattr(img, "n_frames", 1) > 1:
+                return None
+            if img.mode.startswith("I;16"):  # Pillow's getcolors refuses 16-bit grey
+                import numpy as np
+
+                return min(len(np.unique(np.asarray(img))), MASK_LEVELS + 1)
+            colours = img.getcolors(MASK_LEVELS)  # None when there are more than MASK_LEVELS
+    except Exception:  # noqa: BLE001 - any unreadable file is simply not a mask
+        return None
+    return MASK_LEVELS + 1 if colours is None else len(colours)

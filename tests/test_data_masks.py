@@ -1,0 +1,114 @@
+"""Class folders as public defect sets ship them (owner: data): photos in sub-folders, each
+beside its ground-truth mask, and macOS archive debris. The masks must not train or test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from dtrain.data.config import DataConfig
+from dtrain.data.layouts import scan
+from dtrain.data.masks import images_under
+from dtrain.recipe.decide import notes
+from dtrain.recipe.stats import detect_layout, gather
+
+
+def _photo(path: Path, seed: int, colour: bool = False) -> None:
+    rng = np.random.default_rng(seed)
+    shape = (48, 64, 3) if colour else (48, 64)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)).save(path)
+
+
+def _mask(path: Path, dtype=np.uint8, value: int = 255) -> None:
+    m = np.zeros((48, 64), dtype)
+    m[10:20, 30:34] = value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(m).save(path)
+
+
+def _magnetic_tiles(root: Path, per_class: int = 10) -> None:
+    """The magnetic-tile set's own layout: MT_<class>/Imgs/<name>.jpg, its mask <name>.png beside it."""
+    for c, name in enumerate(("MT_Blowhole", "MT_Crack", "MT_Free")):
+        for i in range(per_class):
+            _photo(root / name / "Imgs" / f"exp1_num_{c}{i:03d}.jpg", seed=100 * c + i)
+            _mask(root / name / "Imgs" / f"exp1_num_{c}{i:03d}.png")
+
+
+def test_a_published_tile_set_trains_on_its_photos_not_on_its_masks(tmp_path):
+    root = tmp_path / "tiles"
+    _magnetic_tiles(root)
+    (root / "__MACOSX" / "MT_Crack").mkdir(parents=True)  # what a zip made on a Mac adds
+    (root / "__MACOSX" / "MT_Crack" / "._exp1_num_1000.jpg").write_bytes(b"\x00\x05\x16\x07 resource fork")
+    (root / "MT_Crack" / "Imgs" / "._exp1_num_1000.jpg").write_bytes(b"\x00\x05\x16\x07 resource fork")
+
+    fields = detect_layout(root)
+    assert fields["layout"] == "classfolders"
+    cfg = DataConfig(root=str(root), image_size=32, **{k: v for k, v in fields.items() if k != "layout"},
+                     layout=fields["layout"])
+    listings = [scan(cfg, split) for split in (cfg.train_split, cfg.val_split, cfg.test_split)]
+    assert listings[0].classes == ["MT_Blowhole", "MT_Crack", "MT_Free"]  # not "Imgs", not "__MACOSX"
+    assert listings[0].classes[listings[0].negative_index] == "MT_Free"
+    every = [p for listing in listings for p in listing.paths]
+    assert len(every) == 30 and len(set(every)) == 30
+    assert all(p.endswith(".jpg") and "/._" not in p for p in every)
+    left_out = listings[0].left_out
+    assert sorted(Path(p).name for p in left_out) == sorted(f"exp1_num_{c}{i:03d}.png" for c in range(3) for i in range(10))
+    assert left_out[str(root / "MT_Crack" / "Imgs" / "exp1_num_1003.png")] == "a mask of exp1_num_1003.jpg: 2 pixel values"
+
+    stats = gather(cfg)
+    said = " ".join(notes(stats))
+    assert "30 ground-truth masks among the images, left out" in said and "exp1_num_" in said
+
+
+def test_mask_suffixes_16_bit_masks_and_ground_truth_folders_are_left_out(tmp_path):
+    folder = tmp_path / "crack"
+    _photo(folder / "10000.png", seed=1)
+    _mask(folder / "10000_GT.png", np.uint16, 65535)  # KolektorSDD2's naming, at 16 bits
+    _photo(folder / "part7.bmp", seed=2, colour=True)
+    _mask(folder / "part7-mask.png", value=1)  # a label-index mask: values 0 and 1
+    _mask(folder / "masks" / "part9.png")
+    _photo(folder / "part9.png", seed=3)
+    _photo(folder / "batch2" / "part10.jpg", seed=4)  # a sub-folder of photos is read
+
+    images, left_out = images_under(folder)
+
+    assert [p.name for p in images] == ["10000.png", "part10.jpg", "part7.bmp", "part9.png"]
+    assert left_out == {
+        str(folder / "10000_GT.png"): "a mask of 10000.png: 2 pixel values",
+        str(folder / "part7-mask.png"): "a mask of part7.bmp: 2 pixel values",
+        str(folder / "masks") + "/": "a sub-folder named 'masks': ground truth, not photos",
+    }
+
+
+def test_a_photo_kept_in_two_formats_and_an_unpaired_plain_picture_are_kept(tmp_path):
+    """Only a file named after a photo and with few pixel values is a mask: two photos that
+    share a name stay, and so does a flat picture (an all-black frame) that pairs with none."""
+    folder = tmp_path / "ok"
+    _photo(folder / "a.png", seed=1)
+    _photo(folder / "a.jpg", seed=2)
+    _mask(folder / "dark_frame.png", value=0)
+    _mask(folder / "b_label.png")  # a suffix of a mask, but no photo called b
+
+    images, left_out = images_under(folder)
+
+    assert [p.name for p in images] == ["a.jpg", "a.png", "b_label.png", "dark_frame.png"]
+    assert left_out == {}
+
+
+def test_imagefolder_reads_sub_folders_of_a_class_and_says_what_it_left_out(tmp_path):
+    root = tmp_path / "data"
+    for split in ("train", "val"):
+        for i in range(3):
+            _photo(root / split / "ok" / "line1" / f"{i}.png", seed=i)
+            _photo(root / split / "scratch" / f"{i}.jpg", seed=10 + i)
+            _mask(root / split / "scratch" / f"{i}.png")
+    cfg = DataConfig(root=str(root), image_size=32, test_split="")
+
+    train = scan(cfg, "train")
+
+    assert train.classes == ["ok", "scratch"] and train.targets == [0, 0, 0, 1, 1, 1]
+    assert all(Path(p).suffix == (".png" if "/ok/" in p else ".jpg") for p in train.paths)
+    assert len(train.left_out) == 3
