@@ -41,10 +41,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dtrain.data.config import DataConfig
-from dtrain.data.masks import ARCHIVE_DEBRIS, images_under
+from dtrain.data.masks import ARCHIVE_DEBRIS, IMAGE_EXTENSIONS, images_under
 from dtrain.errors import DtrainError
 
 NEGATIVE_SYNONYMS = ("ok", "good", "normal")
+# A split's class folders may sit one level down, beside the set's annotations (class_root).
+CONTAINER_NAMES = frozenset({"images", "imgs", "img", "image", "jpegimages"})
+DETECTION_LABELS = frozenset({"labels", "label", "annotations", "annotation", "masks", "ground_truth", "xml", "json"})
 # How else a defect-free class is named in public and plant data sets ("MT_Free" for
 # magnetic tiles, "ok_front" for cast impellers, "Negative" beside "Positive" for cracked
 # concrete, "no_defect", "Defect-free"): a word of the
@@ -158,11 +161,12 @@ def imagefolder(cfg: DataConfig, split: str) -> Listing:
     # "" is "no such split"; root / "" would be the root itself, its split folders as classes.
     for name in {cfg.train_split, cfg.val_split, cfg.test_split, split} - {""}:
         if (root / name).is_dir():
-            classes.update(_class_dirs(root / name))
+            classes.update(_class_dirs(class_root(root / name)))
     if not classes:
         raise DtrainError(f"no class folders in {split_dir}", "put each class's images in ROOT/<split>/<class>/")
     ordered = sorted(classes)
     left_out: dict[str, str] = {}
+    split_dir = class_root(split_dir)
     files = {name: _images_in(split_dir / name, left_out) for name in ordered if (split_dir / name).is_dir()}
     return _listing(ordered, cfg.negative_class, root, files, left_out)
 
@@ -193,10 +197,36 @@ def _carve(files: list[Path], seed: int, name: str, shares: tuple[float, float, 
     return sorted(pool[:n_train]), sorted(pool[n_train:n_train + n_val]), sorted(pool[n_train + n_val:])
 
 
+def class_root(folder: Path) -> Path:
+    """Where the class folders of a split (or of a classfolders root) are: in it, or in its
+    `images/` sub-folder when the set keeps its annotations beside the photos (NEU-DET:
+    train/images/<class>/ and train/annotations/*.xml). A flat `images/` next to
+    `labels/` or `annotations/` is a detection set (boxes in files), refused."""
+    inner = next((d for d in _subdirs(folder) if d.name.lower() in CONTAINER_NAMES), None)
+    if inner is None:
+        return folder
+    if any(_subdirs(inner)):
+        return inner
+    beside = [d.name for d in _subdirs(folder) if d.name.lower() in DETECTION_LABELS]
+    if beside and any(p.suffix.lower() in IMAGE_EXTENSIONS for p in inner.iterdir()):
+        raise DtrainError(
+            f"{folder} holds {inner.name}/ and {beside[0]}/: a detection or segmentation data set (the defects' places "
+            "in label files), not one folder of images per class",
+            "dtrain trains a classifier of whole parts: sort the images into one folder per class "
+            f"({folder}/<class>/*), or pass --data the folder that holds them",
+        )
+    return folder
+
+
+def _subdirs(folder: Path) -> list[Path]:
+    return [folder / name for name in _class_dirs(folder)]
+
+
 def class_folders_with_images(root: Path, left_out: dict[str, str] | None = None) -> dict[str, list[Path]]:
     """ROOT's sub-folders that hold images, in them or below (the classes of a classfolders
     layout) -> their images."""
     skipped: dict[str, str] = {} if left_out is None else left_out
+    root = class_root(root)
     found = {name: _images_in(root / name, skipped) for name in _class_dirs(root)}
     return {name: images for name, images in found.items() if images}
 

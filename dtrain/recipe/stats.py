@@ -12,6 +12,7 @@ in full; their grey share stands for all colour-mode images of the sample.
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
@@ -27,6 +28,9 @@ from dtrain.errors import DtrainError
 # Pillow modes of single-channel images (8 or 16 bits, with or without alpha).
 GREY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16L", "I;16B", "I;16N", "F"})
 
+# Images lying loose in the data folder whose names begin with 2..MAX_NAME_CLASSES prefixes
+# may be classes by name (NEU-CLS: Cr_1.bmp); more prefixes than that are not classes.
+MAX_NAME_CLASSES = 50
 # Images whose headers are read: enough for a median side (its error shrinks as 1/sqrt(n)).
 SAMPLE = 200
 # Colour-mode images decoded to tell grey-stored-as-RGB from colour: a share to +-7 % (1/sqrt(50)).
@@ -94,11 +98,33 @@ def detect_layout(root: Path) -> dict[str, Any]:
         return {"layout": "mvtec"}
     if len(class_folders_with_images(root)) >= 2:
         return {"layout": "classfolders"}
+    flat = _classes_by_name(root)
+    if flat:
+        listed = ", ".join(f"{k} ({v})" for k, v in sorted(flat.items()))
+        raise DtrainError(
+            f"{root} holds {sum(flat.values())} images directly, and no class folders; their names begin with "
+            f"{len(flat)} prefixes: {listed}",
+            "if the prefix is the class (as in NEU-CLS: Cr_1.bmp, In_1.bmp), move each image into a folder named by "
+            f"it, ROOT/<prefix>/*; e.g. cd {root} && for f in *_*.*; do mkdir -p \"${{f%%_*}}\" && mv \"$f\" \"${{f%%_*}}/\"; done",
+        )
     raise DtrainError(
         f"{root} is none of: ImageFolder (train/ and val/ with one folder per class), MVTec-AD (train/good), "
         "class folders (one folder of images per class, at least two)",
         "lay the images out as ROOT/{train,val,test}/<class>/*.png, or ROOT/<class>/* to have them split for you",
     )
+
+
+def _classes_by_name(root: Path) -> dict[str, int]:
+    """{prefix: images} for images lying directly in `root` whose names begin with a few
+    shared prefixes (the part before the first '_', '-' or digit); {} when they do not."""
+    from dtrain.data.masks import IMAGE_EXTENSIONS
+
+    names = [p.stem for p in root.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS]
+    counts = Counter(re.split(r"[_\-\s]|(?<=[A-Za-z])(?=\d)", n, maxsplit=1)[0] for n in names)
+    counts.pop("", None)
+    if not 2 <= len(counts) <= MAX_NAME_CLASSES or min(counts.values()) < 2:
+        return {}
+    return dict(counts)
 
 
 def describe_layout(fields: dict[str, Any]) -> str:

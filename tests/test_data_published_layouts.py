@@ -1,16 +1,20 @@
-"""Class folders as public defect sets ship them (owner: data): photos in sub-folders, each
-beside its ground-truth mask, and macOS archive debris. The masks must not train or test."""
+"""Data sets as public defect sets ship them (owner: data): photos in sub-folders, each
+beside its ground-truth mask, class folders under images/ beside annotations, images loose
+in one folder, and macOS archive debris. Masks must not train or test; what cannot be
+read as classes is refused with the way out."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from dtrain.data.config import DataConfig
 from dtrain.data.layouts import scan
 from dtrain.data.masks import images_under
+from dtrain.errors import DtrainError
 from dtrain.recipe.decide import notes
 from dtrain.recipe.stats import detect_layout, gather
 
@@ -112,3 +116,55 @@ def test_imagefolder_reads_sub_folders_of_a_class_and_says_what_it_left_out(tmp_
     assert train.classes == ["ok", "scratch"] and train.targets == [0, 0, 0, 1, 1, 1]
     assert all(Path(p).suffix == (".png" if "/ok/" in p else ".jpg") for p in train.paths)
     assert len(train.left_out) == 3
+
+
+def test_class_folders_under_images_beside_annotations_are_the_classes(tmp_path):
+    """NEU-DET's layout: train/images/<class>/*.jpg, train/annotations/*.xml, validation/..."""
+    root = tmp_path / "NEU-DET"
+    for split, n in (("train", 4), ("validation", 2)):
+        for c in ("crazing", "inclusion", "patches"):
+            for i in range(n):
+                _photo(root / split / "images" / c / f"{c}_{i}.jpg", seed=i)
+                (root / split / "annotations").mkdir(parents=True, exist_ok=True)
+                (root / split / "annotations" / f"{c}_{i}.xml").write_text("<annotation/>")
+
+    fields = detect_layout(root)
+    cfg = DataConfig(root=str(root), image_size=32, **fields)
+    train, test = scan(cfg, cfg.train_split), scan(cfg, cfg.test_split)
+
+    assert fields["test_split"] == "validation"
+    assert train.classes == test.classes == ["crazing", "inclusion", "patches"]
+    assert len(test.paths) == 6 and all("/validation/images/" in p for p in test.paths)
+    assert sorted(set(train.targets)) == [0, 1, 2]
+
+
+def test_a_detection_set_is_refused_with_what_to_do(tmp_path):
+    """YOLO's layout: flat images/ beside labels/ is boxes, not classes."""
+    root = tmp_path / "yolo"
+    for i in range(3):
+        _photo(root / "train" / "images" / f"{i}.jpg", seed=i)
+        (root / "train" / "labels").mkdir(parents=True, exist_ok=True)
+        (root / "train" / "labels" / f"{i}.txt").write_text("0 0.5 0.5 0.1 0.1")
+    _photo(root / "valid" / "images" / "9.jpg", seed=9)
+    cfg = DataConfig(root=str(root), image_size=32, **detect_layout(root))
+
+    with pytest.raises(DtrainError) as err:
+        scan(cfg, cfg.train_split)
+
+    assert "holds images/ and labels/: a detection or segmentation data set" in err.value.message
+    assert "one folder per class" in err.value.hint
+
+
+def test_images_loose_in_the_folder_get_their_name_prefixes_named_as_a_way_out(tmp_path):
+    """NEU-CLS ships 1800 bmp files in one folder, the class in the name (Cr_1.bmp)."""
+    root = tmp_path / "NEU-CLS"
+    for c in ("Cr", "In", "Pa"):
+        for i in range(1, 4):
+            _photo(root / f"{c}_{i}.bmp", seed=i)
+
+    with pytest.raises(DtrainError) as err:
+        detect_layout(root)
+
+    assert "holds 9 images directly, and no class folders; their names begin with 3 prefixes: Cr (3), In (3), Pa (3)" \
+        in err.value.message
+    assert "ROOT/<prefix>/*" in err.value.hint
