@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dtrain.data.layouts import NEGATIVE_SYNONYMS
+from dtrain.recipe import copies
 from dtrain.recipe.stats import DataStats
 
 # Input side bounds. Below 64 px a ResNet's last stage sees 2x2 maps or less; above 320 px
@@ -303,7 +304,7 @@ def notes(stats: DataStats) -> list[str]:
         what = [f"{n} ground-truth {noun}{'s' if n != 1 else ''}" for n, noun in ((masks, "mask"), (folders, "folder")) if n]
         out.append(f"{' and '.join(what)} among the images, left out of every split (e.g. {path}: {why}); a mask is a picture of "
                    "the answer, not of the part")
-    return out
+    return out + copies.describe(stats.copies)
 
 
 def as_config(decisions: list[Decision]) -> dict[str, Any]:

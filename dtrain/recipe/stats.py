@@ -7,7 +7,9 @@ sample of the training images: SAMPLE of them, evenly spaced over the sorted lis
 The header's size and mode answer everything but one question: whether a colour-mode
 image is really grey (cameras and converters often store grey as RGB). For that, at most
 COLOUR_SAMPLE of the sampled colour-mode images, evenly spaced among them, are decoded
-in full; their grey share stands for all colour-mode images of the sample.
+in full; their grey share stands for all colour-mode images of the sample. Over every
+split, byte-identical files are found (recipe.copies: a test image that is also a training
+image, one file under two classes), reading only files that share their size.
 """
 
 from __future__ import annotations
@@ -17,13 +19,17 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dtrain.data.config import DataConfig
 from dtrain.data.decode import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS, Header, ImageRefused, check, decode, read_header
 from dtrain.errors import DtrainError
+from dtrain.recipe.copies import File, identical
+
+if TYPE_CHECKING:
+    from dtrain.data.layouts import Listing
 
 # Pillow modes of single-channel images (8 or 16 bits, with or without alpha).
 GREY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16L", "I;16B", "I;16N", "F"})
@@ -51,6 +57,7 @@ class DataStats:
     grey_share: float  # sampled images that are grey
     refused: dict[str, str] = field(default_factory=dict)  # sampled files the decoder refuses: path -> why
     left_out: dict[str, str] = field(default_factory=dict)  # masks and ground-truth folders (dtrain.data.masks)
+    copies: list[list[File]] = field(default_factory=list)  # byte-identical files over all splits (recipe.copies)
 
     @property
     def n_train(self) -> int:
@@ -114,6 +121,19 @@ def detect_layout(root: Path) -> dict[str, Any]:
     )
 
 
+def _test_split(cfg: DataConfig) -> Listing | None:
+    """The test split's listing, read only to find copies of training images in it; None
+    where the data has none (an ImageFolder with train/ and val/ alone)."""
+    from dtrain.data.layouts import scan
+
+    if not cfg.test_split:
+        return None
+    try:
+        return scan(cfg, cfg.test_split)
+    except DtrainError:  # no test folder: nothing there to be a copy
+        return None
+
+
 def _classes_by_name(root: Path) -> dict[str, int]:
     """{prefix: images} for images lying directly in `root` whose names begin with a few
     shared prefixes (the part before the first '_', '-' or digit); {} when they do not."""
@@ -150,6 +170,7 @@ def gather(cfg: DataConfig, sample: int = SAMPLE, colour_sample: int = COLOUR_SA
         raise DtrainError("the recipe reads a local folder of images", "pass --data a local ImageFolder or MVTec directory")
     train = scan(cfg, cfg.train_split)
     val = scan(cfg, cfg.val_split) if cfg.val_split else None
+    test = _test_split(cfg)
     if not train.paths:
         raise DtrainError(f"no training images under {cfg.root}", "put each class's images in ROOT/train/<class>/")
     sides, aspects, colour, refused = [], [], [], {}
@@ -183,6 +204,9 @@ def gather(cfg: DataConfig, sample: int = SAMPLE, colour_sample: int = COLOUR_SA
         grey_share=grey / len(sides),
         refused=refused,
         left_out={**train.left_out, **(val.left_out if val else {})},
+        copies=identical(File(path, split, listing.classes[target])
+                         for split, listing in ((cfg.train_split, train), (cfg.val_split, val), (cfg.test_split, test))
+                         if listing for path, target in zip(listing.paths, listing.targets)),
     )
 
 
