@@ -62,3 +62,14 @@ def test_cli_summary_has_the_stage_breakdown(exported_model, mixed, tmp_path, dt
     assert "time per stage" in proc.stderr and "inference" in proc.stderr
     assert len(out.read_text().splitlines()) == 1 + len(paths)
     assert not (tmp_path / "r.csv.partial").exists()
+
+
+def test_a_folder_is_read_without_hidden_copies_and_archive_debris(tmp_path):
+    from dtrain.serve.inspect_batch import collect_inputs
+
+    for rel in ("a.png", "line2/b.jpg", ".ipynb_checkpoints/a-checkpoint.png", "__MACOSX/._a.png", "._b.jpg",
+                "notes.txt"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"not decoded here")
+
+    assert [p.relative_to(tmp_path).as_posix() for p in collect_inputs([str(tmp_path)])] == ["a.png", "line2/b.jpg"]

@@ -33,6 +33,7 @@ from typing import IO
 
 import numpy as np
 
+from dtrain.data.masks import ARCHIVE_DEBRIS
 from dtrain.errors import DtrainError
 from dtrain.serve.images import DEFAULT_MAX_PIXELS, IMAGE_SUFFIXES, ImageRejected, decode_checked, resize
 
@@ -129,7 +130,14 @@ def collect_inputs(inputs: Iterable[str]) -> list[Path]:
 
 
 def _images_under(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    """Image files under `folder`, except hidden ones and archive debris: `.ipynb_checkpoints/`
+    holds copies that would be judged twice, and a zip made on a Mac adds `__MACOSX/` and
+    `._name.jpg` resource forks that carry an image's suffix but no image."""
+    found = []
+    for here, dirs, names in os.walk(folder, followlinks=True):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ARCHIVE_DEBRIS]
+        found += [Path(here, n) for n in names if not n.startswith(".") and Path(n).suffix.lower() in IMAGE_SUFFIXES]
+    return sorted(p for p in found if p.is_file())
 
 
 @dataclass
