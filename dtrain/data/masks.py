@@ -11,8 +11,8 @@ blob on black is a blowhole", and the test split's accuracy is inflated by the s
 A file is a mask when its name pairs it with another image in the same folder (the same
 stem under another extension, or that stem plus a suffix of MASK_SUFFIXES) and its pixels
 take at most MASK_LEVELS values: a photo has hundreds of grey levels, a mask one per label.
-Only paired files are opened (header and pixels of that file alone), so a folder of
-photos costs one directory walk. Sub-folders named as ground truth (MASK_DIRS) are not
+Only paired files in a lossless format are opened (a JPEG's values say nothing), so a
+folder of photos costs one directory walk, and the magnetic tiles one small PNG each. Sub-folders named as ground truth (MASK_DIRS) are not
 entered. Hidden files and folders, and macOS archive debris (`__MACOSX/`, `._name.jpg`
 resource forks, which carry an image's extension but no image), are not images.
 """
@@ -33,6 +33,9 @@ MASK_LEVELS = 8
 # Only small files are opened to count their values; a mask compresses to little.
 MAX_MASK_PIXELS = 40_000_000
 ARCHIVE_DEBRIS = frozenset({"__MACOSX"})
+# Not opened as mask candidates: the photo of a pair is usually one of these, and the
+# count of values of a lossy file says nothing (its mask would have many).
+LOSSY = frozenset({".jpg", ".jpeg", ".webp"})
 
 
 def images_under(folder: Path) -> tuple[list[Path], dict[str, str]]:
@@ -65,6 +68,8 @@ def _masks_among(files: list[Path]) -> dict[str, str]:
         stems.setdefault(p.stem.lower(), []).append(p)
     out: dict[str, str] = {}
     for p in files:
+        if p.suffix.lower() in LOSSY:  # compression blurs a mask's edges into many values: never one here
+            continue
         partner = _partner(p, stems)
         if partner is None:
             continue
