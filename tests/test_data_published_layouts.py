@@ -167,4 +167,18 @@ def test_images_loose_in_the_folder_get_their_name_prefixes_named_as_a_way_out(t
 
     assert "holds 9 images directly, and no class folders; their names begin with 3 prefixes: Cr (3), In (3), Pa (3)" \
         in err.value.message
-    assert "ROOT/<prefix>/*" in err.value.hint
+    assert "ROOT/<prefix>/*" in err.value.hint and "for f in *_*.*; do mkdir -p" in err.value.hint
+
+
+def test_names_without_an_underscore_get_no_shell_line_that_would_not_sort_them(tmp_path):
+    root = tmp_path / "loose"
+    for c in ("crazing", "patches"):
+        for i in range(1, 3):
+            _photo(root / f"{c}{i}.png", seed=i)
+    (root / "README.txt").write_text("no underscore here either, but not an image")
+
+    with pytest.raises(DtrainError) as err:
+        detect_layout(root)
+
+    assert "2 prefixes: crazing (2), patches (2)" in err.value.message
+    assert "ROOT/<prefix>/*" in err.value.hint and "for f in" not in err.value.hint

@@ -108,11 +108,14 @@ def detect_layout(root: Path) -> dict[str, Any]:
     flat = _classes_by_name(root)
     if flat:
         listed = ", ".join(f"{k} ({v})" for k, v in sorted(flat.items()))
+        hint = ("if the prefix is the class (as in NEU-CLS: Cr_1.bmp, In_1.bmp), move each image into a folder named "
+                "by it, ROOT/<prefix>/*")
+        if all("_" in p.stem for p in _loose_images(root)):  # the shell line splits at the first '_'
+            hint += f"; e.g. cd {root} && for f in *_*.*; do mkdir -p \"${{f%%_*}}\" && mv \"$f\" \"${{f%%_*}}/\"; done"
         raise DtrainError(
             f"{root} holds {sum(flat.values())} images directly, and no class folders; their names begin with "
             f"{len(flat)} prefixes: {listed}",
-            "if the prefix is the class (as in NEU-CLS: Cr_1.bmp, In_1.bmp), move each image into a folder named by "
-            f"it, ROOT/<prefix>/*; e.g. cd {root} && for f in *_*.*; do mkdir -p \"${{f%%_*}}\" && mv \"$f\" \"${{f%%_*}}/\"; done",
+            hint,
         )
     raise DtrainError(
         f"{root} is none of: ImageFolder (train/ and val/ with one folder per class), MVTec-AD (train/good), "
@@ -137,14 +140,18 @@ def _test_split(cfg: DataConfig) -> Listing | None:
 def _classes_by_name(root: Path) -> dict[str, int]:
     """{prefix: images} for images lying directly in `root` whose names begin with a few
     shared prefixes (the part before the first '_', '-' or digit); {} when they do not."""
-    from dtrain.data.masks import IMAGE_EXTENSIONS
-
-    names = [p.stem for p in root.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS]
+    names = [p.stem for p in _loose_images(root)]
     counts = Counter(re.split(r"[_\-\s]|(?<=[A-Za-z])(?=\d)", n, maxsplit=1)[0] for n in names)
     counts.pop("", None)
     if not 2 <= len(counts) <= MAX_NAME_CLASSES or min(counts.values()) < 2:
         return {}
     return dict(counts)
+
+
+def _loose_images(root: Path) -> list[Path]:
+    from dtrain.data.masks import IMAGE_EXTENSIONS
+
+    return [p for p in root.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS]
 
 
 def describe_layout(fields: dict[str, Any]) -> str:
@@ -203,7 +210,7 @@ def gather(cfg: DataConfig, sample: int = SAMPLE, colour_sample: int = COLOUR_SA
         aspect_ratios=aspects,
         grey_share=grey / len(sides),
         refused=refused,
-        left_out={**train.left_out, **(val.left_out if val else {})},
+        left_out={k: v for listing in (train, val, test) if listing for k, v in listing.left_out.items()},
         copies=identical(File(path, split, listing.classes[target])
                          for split, listing in ((cfg.train_split, train), (cfg.val_split, val), (cfg.test_split, test))
                          if listing for path, target in zip(listing.paths, listing.targets)),
