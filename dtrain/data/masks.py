@@ -30,7 +30,8 @@ MASK_DIRS = frozenset({"mask", "masks", "gt", "ground_truth", "groundtruth", "gr
 # A binary mask has 2 values, a multi-label one a few more; a photo, even of a plain
 # surface, has far more than 8 once sensor noise is in it.
 MASK_LEVELS = 8
-# Only small files are opened to count their values; a mask compresses to little.
+# A candidate larger than the decoder's own pixel limit is not counted, only listed as an
+# image (the decoder then refuses it with its reason).
 MAX_MASK_PIXELS = 40_000_000
 ARCHIVE_DEBRIS = frozenset({"__MACOSX"})
 # Not opened as mask candidates: the photo of a pair is usually one of these, and the
@@ -54,10 +55,11 @@ def images_under(folder: Path) -> tuple[list[Path], dict[str, str]]:
                 continue
             kept.append(d)
         dirs[:] = kept  # os.walk descends only into what stays in the list
-        found = [Path(here, n) for n in names if not n.startswith(".") and Path(n).suffix.lower() in IMAGE_EXTENSIONS]
-        masks = _masks_among([p for p in found if p.is_file()])
+        found = [p for p in (Path(here, n) for n in names)
+                 if not p.name.startswith(".") and p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()]
+        masks = _masks_among(found)
         left_out.update(masks)
-        images.extend(p for p in found if p.is_file() and str(p) not in masks)
+        images.extend(p for p in found if str(p) not in masks)
     return sorted(images), left_out
 
 
