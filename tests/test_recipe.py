@@ -131,6 +131,33 @@ def test_gather_finds_grey_images(tmp_path):
     assert stats.grey_share == 1.0 and stats.negative_class is None and stats.short_sides[0] == 40
 
 
+@pytest.mark.parametrize(("top", "fmt", "noted"), [(4095, "PNG", True), (4095, "TIFF", True), (60000, "PNG", False)])
+def test_16_bit_images_that_use_12_bits_get_a_note(tmp_path, top, fmt, noted):
+    """A 12-bit camera's values stored as they come (0..4095) keep 16 grey levels in the
+    decoder's high byte; values that fill the 16 bits lose nothing worth a note."""
+    from PIL import Image
+
+    from dtrain.data.config import DataConfig
+    from dtrain.recipe.decide import notes
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for cls in ("crazing", "pitted"):
+            (tmp_path / split / cls).mkdir(parents=True)
+            for k in range(3):
+                values = rng.integers(0, top + 1, (40, 60), dtype=np.uint16)
+                values[0, 0] = top
+                Image.fromarray(values).save(tmp_path / split / cls / f"{k}.{fmt.lower()}", fmt)
+
+    said = [n for n in notes(gather(DataConfig(root=str(tmp_path)))) if "16-bit" in n]
+
+    if noted:
+        assert len(said) == 1 and said[0].startswith("the 6 sampled 16-bit images use at most 12 bits (no value reaches 4096)")
+        assert "leaves them 16 grey levels" in said[0] and "shift their values up by 4 bits" in said[0]
+    else:
+        assert said == []
+
+
 def test_layout_detection(synth_data, tmp_path):
     from dtrain.errors import DtrainError
     from dtrain.recipe.stats import detect_layout

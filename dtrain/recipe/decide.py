@@ -283,6 +283,11 @@ def plan(
     ]
 
 
+# 16-bit images whose values need at most this many bits lose most of their grey levels
+# in the decoder's high byte (13 bits keep 32 levels: coarse, but not a note's worth).
+LOW_BITS = 12
+
+
 def notes(stats: DataStats) -> list[str]:
     """What the decisions cannot fix, in words for the report."""
     out = []
@@ -304,6 +309,11 @@ def notes(stats: DataStats) -> list[str]:
         what = [f"{n} ground-truth {noun}{'s' if n != 1 else ''}" for n, noun in ((masks, "mask"), (folders, "folder")) if n]
         out.append(f"{' and '.join(what)} among the images, left out of every split (e.g. {path}: {why}); a mask is a picture of "
                    "the answer, not of the part")
+    if stats.deep_bits and max(stats.deep_bits) <= LOW_BITS:
+        b = max(stats.deep_bits)
+        out.append(f"the {len(stats.deep_bits)} sampled 16-bit images use at most {b} bits (no value reaches {2 ** b}): "
+                   f"the decoder keeps the high byte of 16, which leaves them {max(2 ** (b - 8), 1)} grey levels and hides "
+                   f"faint defects; save them as 8-bit images scaled to 0..255, or shift their values up by {16 - b} bits")
     return out + copies.describe(stats.copies)
 
 

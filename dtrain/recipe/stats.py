@@ -37,6 +37,9 @@ GREY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16L", "I;16B", "I;16N", 
 # Images lying loose in the data folder whose names begin with 2..MAX_NAME_CLASSES prefixes
 # may be classes by name (NEU-CLS: Cr_1.bmp); more prefixes than that are not classes.
 MAX_NAME_CLASSES = 50
+# 16-bit images decoded to see how many of their bits are used (a 12-bit camera's values
+# stored as they come keep 16 grey levels in the decoder's high byte).
+DEEP_SAMPLE = 20
 # Images whose headers are read: enough for a median side (its error shrinks as 1/sqrt(n)).
 SAMPLE = 200
 # Colour-mode images decoded to tell grey-stored-as-RGB from colour: a share to +-7 % (1/sqrt(50)).
@@ -58,6 +61,7 @@ class DataStats:
     refused: dict[str, str] = field(default_factory=dict)  # sampled files the decoder refuses: path -> why
     left_out: dict[str, str] = field(default_factory=dict)  # masks and ground-truth folders (dtrain.data.masks)
     copies: list[list[File]] = field(default_factory=list)  # byte-identical files over all splits (recipe.copies)
+    deep_bits: list[int] = field(default_factory=list)  # of sampled 16-bit images: bits their largest value needs
 
     @property
     def n_train(self) -> int:
@@ -180,7 +184,7 @@ def gather(cfg: DataConfig, sample: int = SAMPLE, colour_sample: int = COLOUR_SA
     test = _test_split(cfg)
     if not train.paths:
         raise DtrainError(f"no training images under {cfg.root}", "put each class's images in ROOT/train/<class>/")
-    sides, aspects, colour, refused = [], [], [], {}
+    sides, aspects, colour, deep, refused = [], [], [], [], {}
     grey = 0
     for path in _evenly(train.paths, sample):
         try:
@@ -194,6 +198,8 @@ def gather(cfg: DataConfig, sample: int = SAMPLE, colour_sample: int = COLOUR_SA
             grey += 1
         else:
             colour.append(path)
+        if header.bytes_per_sample == 2:
+            deep.append(path)
     if not sides:
         raise DtrainError(f"none of the {len(refused)} sampled training images can be read, e.g. {next(iter(refused))}: "
                           f"{next(iter(refused.values()))}", "check the files under ROOT/train/")
@@ -211,6 +217,7 @@ def gather(cfg: DataConfig, sample: int = SAMPLE, colour_sample: int = COLOUR_SA
         grey_share=grey / len(sides),
         refused=refused,
         left_out={k: v for listing in (train, val, test) if listing for k, v in listing.left_out.items()},
+        deep_bits=[b for b in map(_significant_bits, _evenly(deep, DEEP_SAMPLE)) if b is not None],
         copies=identical(File(path, split, listing.classes[target])
                          for split, listing in ((cfg.train_split, train), (cfg.val_split, val), (cfg.test_split, test))
                          if listing for path, target in zip(listing.paths, listing.targets)),
@@ -239,6 +246,28 @@ def _header(path: str) -> Header:
     header = read_header(data)
     check(header, DEFAULT_MAX_PIXELS, DEFAULT_MAX_DECODE_BYTES)
     return header
+
+
+def _significant_bits(path: str) -> int | None:
+    """Bits the largest sample of a 16-bit image needs: 12 for a 12-bit camera's values
+    stored as they come (0..4095), 16 when they fill the range. None if unreadable."""
+    import numpy as np
+    from PIL import Image
+
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        if data.startswith(b"\x89PNG"):  # Pillow reads 16-bit colour PNG as 8 bits: torchvision keeps 16
+            from torchvision.io import ImageReadMode, decode_png
+
+            img = decode_png(torch.frombuffer(bytearray(data), dtype=torch.uint8), ImageReadMode.UNCHANGED)
+            top = int(img.to(torch.int32).max())  # torch has no max over uint16
+        else:
+            with Image.open(path) as img:
+                top = int(np.asarray(img).max())
+    except (OSError, RuntimeError, ValueError):  # the training loader names unreadable files; here no evidence
+        return None
+    return top.bit_length()
 
 
 def _is_grey(path: str) -> bool:
