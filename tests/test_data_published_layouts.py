@@ -182,3 +182,15 @@ def test_names_without_an_underscore_get_no_shell_line_that_would_not_sort_them(
 
     assert "2 prefixes: crazing (2), patches (2)" in err.value.message
     assert "ROOT/<prefix>/*" in err.value.hint and "for f in" not in err.value.hint
+
+
+def test_a_link_back_up_the_tree_is_read_once_not_forever(tmp_path):
+    folder = tmp_path / "scratch"
+    _photo(folder / "a.png", seed=1)
+    _photo(folder / "batch" / "b.png", seed=2)
+    (folder / "batch" / "up").symlink_to(folder, target_is_directory=True)
+    (folder / "again").symlink_to(folder / "batch", target_is_directory=True)
+
+    images, _ = images_under(folder)
+
+    assert [p.relative_to(folder).as_posix() for p in images] == ["a.png", "again/b.png"]

@@ -44,11 +44,13 @@ def images_under(folder: Path) -> tuple[list[Path], dict[str, str]]:
     {path: why} for masks (files) and ground-truth sub-folders."""
     images: list[Path] = []
     left_out: dict[str, str] = {}
+    seen = {os.path.realpath(folder)}  # links are followed (a class folder of links is common); a loop is not
     for here, dirs, names in os.walk(folder, followlinks=True):
         kept = []
         for d in sorted(dirs):
-            if d.startswith(".") or d in ARCHIVE_DEBRIS:
+            if d.startswith(".") or d in ARCHIVE_DEBRIS or os.path.realpath(os.path.join(here, d)) in seen:
                 continue
+            seen.add(os.path.realpath(os.path.join(here, d)))
             if d.lower() in MASK_DIRS:
                 # A folder's key ends in a separator, so a reader tells it from a file without a stat.
                 left_out[os.path.join(here, d, "")] = f"a sub-folder named '{d}': ground truth, not photos"
