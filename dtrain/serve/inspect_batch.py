@@ -134,7 +134,7 @@ def _images_under(folder: Path) -> list[Path]:
     holds copies that would be judged twice, and a zip made on a Mac adds `__MACOSX/` and
     `._name.jpg` resource forks that carry an image's suffix but no image."""
     found = []
-    for here, dirs, names in os.walk(folder, followlinks=True):
+    for here, dirs, names in os.walk(folder):  # linked folders are not entered (as rglob did): no loops
         dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ARCHIVE_DEBRIS]
         found += [Path(here, n) for n in names if not n.startswith(".") and Path(n).suffix.lower() in IMAGE_SUFFIXES]
     return sorted(p for p in found if p.is_file())
