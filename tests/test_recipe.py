@@ -86,6 +86,16 @@ def test_validation_and_negative_class_decisions():
     assert shift.field == "data.shift" and 0 < shift.value <= 0.25
 
 
+def test_blends_of_images_only_without_a_defect_free_class():
+    """A scratch blended into a good part is still a scratch: mixup only among defect types."""
+    types = {d.field: d for d in D.plan(_stats(negative=None, counts={"crack": 300, "pit": 250}))}
+    with_ok = {d.field: d for d in D.plan(_stats())}
+    assert types["mixup_alpha"].value == D.MIXUP_ALPHA and "defect types only" in types["mixup_alpha"].reason
+    assert with_ok["mixup_alpha"].value is None and "defect-free class" in with_ok["mixup_alpha"].reason
+    cfg = validate(TrainConfig, _merged(TRAIN, D.as_config(list(types.values()))), "the recipe")
+    assert cfg.mixup_alpha == D.MIXUP_ALPHA
+
+
 def test_every_decision_is_a_trainconfig_field():
     decisions = D.plan(_stats())
     assert all(d.reason for d in decisions)
