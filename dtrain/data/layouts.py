@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dtrain.data.config import DataConfig
-from dtrain.data.masks import ARCHIVE_DEBRIS, IMAGE_EXTENSIONS, images_under
+from dtrain.data.masks import IMAGE_EXTENSIONS, hidden_or_debris, images_under
 from dtrain.errors import DtrainError
 
 NEGATIVE_SYNONYMS = ("ok", "good", "normal")
@@ -96,8 +96,7 @@ def _images_in(folder: Path, left_out: dict[str, str]) -> list[Path]:
 
 
 def _class_dirs(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir()
-                  if p.is_dir() and not p.name.startswith(".") and p.name not in ARCHIVE_DEBRIS)
+    return sorted(p.name for p in folder.iterdir() if p.is_dir() and not hidden_or_debris(p.name))
 
 
 def resolve_negative(classes: list[str], negative_class: str | None, where: Path) -> int | None:

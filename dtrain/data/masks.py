@@ -39,6 +39,12 @@ ARCHIVE_DEBRIS = frozenset({"__MACOSX"})
 LOSSY = frozenset({".jpg", ".jpeg", ".webp"})
 
 
+def hidden_or_debris(name: str) -> bool:
+    """A file or folder name that is never a photo or a folder of photos: hidden (`.x`,
+    `.ipynb_checkpoints`, `._x.jpg` resource forks) or an archive's debris (`__MACOSX`)."""
+    return name.startswith(".") or name in ARCHIVE_DEBRIS
+
+
 def images_under(folder: Path) -> tuple[list[Path], dict[str, str]]:
     """Every image under `folder` and its sub-folders, sorted, and what was left out:
     {path: why} for masks (files) and ground-truth sub-folders."""
@@ -48,7 +54,7 @@ def images_under(folder: Path) -> tuple[list[Path], dict[str, str]]:
     for here, dirs, names in os.walk(folder, followlinks=True):
         kept = []
         for d in sorted(dirs):
-            if d.startswith(".") or d in ARCHIVE_DEBRIS or os.path.realpath(os.path.join(here, d)) in seen:
+            if hidden_or_debris(d) or os.path.realpath(os.path.join(here, d)) in seen:
                 continue
             seen.add(os.path.realpath(os.path.join(here, d)))
             if d.lower() in MASK_DIRS:
@@ -58,7 +64,7 @@ def images_under(folder: Path) -> tuple[list[Path], dict[str, str]]:
             kept.append(d)
         dirs[:] = kept  # os.walk descends only into what stays in the list
         found = [p for p in (Path(here, n) for n in names)
-                 if not p.name.startswith(".") and p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()]
+                 if not hidden_or_debris(p.name) and p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()]
         masks = _masks_among(found)
         left_out.update(masks)
         images.extend(p for p in found if str(p) not in masks)

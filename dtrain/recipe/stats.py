@@ -109,12 +109,13 @@ def detect_layout(root: Path) -> dict[str, Any]:
         return {"layout": "mvtec"}
     if len(class_folders_with_images(root)) >= 2:
         return {"layout": "classfolders"}
-    flat = _classes_by_name(root)
+    loose = _loose_images(root)
+    flat = _classes_by_name(loose)
     if flat:
         listed = ", ".join(f"{k} ({v})" for k, v in sorted(flat.items()))
         hint = ("if the prefix is the class (as in NEU-CLS: Cr_1.bmp, In_1.bmp), move each image into a folder named "
                 "by it, ROOT/<prefix>/*")
-        if all("_" in p.stem for p in _loose_images(root)):  # the shell line splits at the first '_'
+        if all("_" in p.stem for p in loose):  # the shell line splits at the first '_'
             hint += f"; e.g. cd {root} && for f in *_*.*; do mkdir -p \"${{f%%_*}}\" && mv \"$f\" \"${{f%%_*}}/\"; done"
         raise DtrainError(
             f"{root} holds {sum(flat.values())} images directly, and no class folders; their names begin with "
@@ -141,11 +142,10 @@ def _test_split(cfg: DataConfig) -> Listing | None:
         return None
 
 
-def _classes_by_name(root: Path) -> dict[str, int]:
-    """{prefix: images} for images lying directly in `root` whose names begin with a few
+def _classes_by_name(images: list[Path]) -> dict[str, int]:
+    """{prefix: images} for images lying loose in one folder whose names begin with a few
     shared prefixes (the part before the first '_', '-' or digit); {} when they do not."""
-    names = [p.stem for p in _loose_images(root)]
-    counts = Counter(re.split(r"[_\-\s]|(?<=[A-Za-z])(?=\d)", n, maxsplit=1)[0] for n in names)
+    counts = Counter(re.split(r"[_\-\s]|(?<=[A-Za-z])(?=\d)", p.stem, maxsplit=1)[0] for p in images)
     counts.pop("", None)
     if not 2 <= len(counts) <= MAX_NAME_CLASSES or min(counts.values()) < 2:
         return {}

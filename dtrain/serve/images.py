@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from dtrain.data.decode import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS, ImageRefused, decode_pil
+from dtrain.data.masks import IMAGE_EXTENSIONS
 
 # Pillow stores a large image in 16 MB blocks by default. glibc serves blocks that size
 # from per-thread heaps once its mmap threshold has grown (up to 32 MB), and keeps them
@@ -39,7 +40,7 @@ def _use_large_blocks() -> None:
 
 _use_large_blocks()
 
-IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".gif"})
+IMAGE_SUFFIXES = IMAGE_EXTENSIONS  # what training reads is what inspection reads
 
 
 class ImageRejected(Exception):

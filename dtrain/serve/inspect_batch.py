@@ -33,7 +33,7 @@ from typing import IO
 
 import numpy as np
 
-from dtrain.data.masks import ARCHIVE_DEBRIS
+from dtrain.data.masks import hidden_or_debris
 from dtrain.errors import DtrainError
 from dtrain.serve.images import DEFAULT_MAX_PIXELS, IMAGE_SUFFIXES, ImageRejected, decode_checked, resize
 
@@ -135,8 +135,8 @@ def _images_under(folder: Path) -> list[Path]:
     `._name.jpg` resource forks that carry an image's suffix but no image."""
     found = []
     for here, dirs, names in os.walk(folder):  # linked folders are not entered (as rglob did): no loops
-        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ARCHIVE_DEBRIS]
-        found += [Path(here, n) for n in names if not n.startswith(".") and Path(n).suffix.lower() in IMAGE_SUFFIXES]
+        dirs[:] = [d for d in dirs if not hidden_or_debris(d)]
+        found += [Path(here, n) for n in names if not hidden_or_debris(n) and Path(n).suffix.lower() in IMAGE_SUFFIXES]
     return sorted(p for p in found if p.is_file())
 
 
