@@ -96,6 +96,7 @@ class QuickstartOptions:
     # With --data: the whole run's wall-clock budget (issue 11: 30 min on the 2-core machine).
     budget_minutes: float = 30.0
     folds: int | None = None  # with --data: k of k-fold for the threshold (0: none); None: the recipe decides
+    fresh: bool = False  # start over even where WORKDIR holds an unfinished run (quickstart_resume.py)
 
 
 def train_config(opts: QuickstartOptions, data_dir: Path, output_dir: Path) -> dict[str, Any]:
@@ -119,7 +120,26 @@ class Recipe:
     notes: list[str]  # what no decision can fix (few images of a class...)
     data: Any  # the DataConfig of the user's images (its layout detected)
     folds: int  # k of k-fold training for the threshold; 0: the threshold comes from validation
-    epochs_for: Callable[[int], int]  # a run's epochs for its number of training images
+    images_seen: int  # what the budget affords one run (recipe/budget.py)
+    fixed_epochs: int | None = None  # --epochs: every run's, whatever its size
+
+    def epochs_for(self, n: int) -> int:
+        """A run's epochs for its `n` training images."""
+        from dtrain.recipe.decide import epochs
+
+        return self.fixed_epochs or epochs(n, self.images_seen).value
+
+    def as_json(self) -> dict[str, Any]:
+        """What quickstart.json keeps, so a continued run need not decide (and time the machine) again."""
+        return {"cfg": self.cfg, "decisions": self.decisions, "notes": self.notes, "data": self.data.model_dump(),
+                "folds": self.folds, "images_seen": self.images_seen, "fixed_epochs": self.fixed_epochs}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Recipe:
+        from dtrain.data.config import DataConfig
+
+        return cls(raw["cfg"], raw["decisions"], raw["notes"], DataConfig.model_validate(raw["data"]), int(raw["folds"]),
+                   int(raw["images_seen"]), raw.get("fixed_epochs"))
 
 
 def recipe_config(
@@ -131,7 +151,7 @@ def recipe_config(
     from dtrain.data.config import DataConfig
     from dtrain.recipe import budget
     from dtrain.recipe.decide import (
-        Decision, as_config, epochs, inference_views, input_side, network, notes, plan, time_budget,
+        Decision, as_config, inference_views, input_side, network, notes, plan, time_budget,
     )
     from dtrain.recipe.folds import plan_folds
     from dtrain.recipe.stats import describe_layout, detect_layout, gather
@@ -166,10 +186,8 @@ def recipe_config(
     # under k-fold, every labelled image out of fold.
     n_scored = stats.n_val + (stats.n_train + stats.n_val if k else stats.n_val)
     decisions.append(inference_views(n_scored, seconds_per_image(fit.side.value), opts.budget_minutes * 60))
-    epochs_for = lambda n: epochs(n, fit.images_seen).value  # noqa: E731
     if opts.epochs:  # the command line wins; said so, like every other decision
         decisions = [d for d in decisions if d.field != "epochs"] + [Decision("epochs", opts.epochs, "--epochs")]
-        epochs_for = lambda n: opts.epochs  # noqa: E731
     else:  # asked-for epochs are not cut by the clock
         decisions.append(time_budget(fit.seconds, bool(k)))
     decisions.append(Decision("threshold k-fold", k, folds.reason + why_k))  # a decision about runs: not in train.yaml
@@ -182,7 +200,7 @@ def recipe_config(
     cfg["data"].update(root=str(data_dir), **layout)
     cfg.update(seed=opts.seed, precision=opts.precision, output_dir=str(output_dir))
     listed = [{"field": d.field, "value": d.value, "reason": d.reason} for d in decisions]
-    return Recipe(cfg, listed, remarks, data, k, epochs_for)
+    return Recipe(cfg, listed, remarks, data, k, fit.images_seen, opts.epochs)
 
 
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -219,38 +237,84 @@ def ensure_data(data_dir: Path, opts: QuickstartOptions, images: int, stream: Te
 
 
 def run_quickstart(opts: QuickstartOptions, stream: TextIO = sys.stdout) -> dict[str, Any]:
-    """Run the recipe; returns the report dict also written to WORKDIR/report.json."""
-    from dtrain.evaluation.evaluate import evaluate
-    from dtrain.evaluation.html_report import write_report
-    from dtrain.train.launch import default_nproc
+    """Run the recipe; returns the report dict also written to WORKDIR/report.json. An
+    unfinished run in WORKDIR with the same options is continued (quickstart_resume.py)."""
+    from dtrain import quickstart_resume as resume
 
     t0 = time.perf_counter()
     workdir = Path(opts.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    options = resume.options_of(opts)
+    state = resume.continue_or_refuse(resume.load(workdir), options, opts.fresh, workdir)
+    if state is not None and state.recipe is not None:  # the user's images: the same ones, or refused
+        resume.check_images(state, resume.fingerprint(Recipe.from_json(state.recipe).data), workdir)
+    if state is not None:
+        print(f"resume: continuing the unfinished run in {workdir} ({resume.describe(state)}); --fresh starts over",
+              file=stream)
+    try:
+        return _run(opts, workdir, options, state, t0, stream)
+    except (KeyboardInterrupt, DtrainError):
+        if (saved := resume.load(workdir)) is not None and saved.stage not in ("recipe", "done"):
+            print(f"quickstart: the run so far is kept in {workdir}: run the same command again to continue it "
+                  "(--fresh starts over)", file=stream)
+        raise
+
+
+def _run(opts: QuickstartOptions, workdir: Path, options: dict[str, Any], state: Any, t0: float,
+         stream: TextIO) -> dict[str, Any]:
+    from dtrain import quickstart_resume as resume
+    from dtrain.evaluation.evaluate import evaluate
+    from dtrain.evaluation.html_report import write_report
+    from dtrain.train.launch import default_nproc
+
     images = opts.images or IMAGES
     data_dir, train_dir, eval_dir = workdir / "data", workdir / "train", workdir / "eval"
     recipe: Recipe | None = None
     nproc = opts.nproc or default_nproc()
-    train = lambda path: _train(path, nproc, stream)  # noqa: E731
     oof = None
     if opts.data is None:
         ensure_data(data_dir, opts, images, stream)
-        cfg_dict = train_config(opts, data_dir, train_dir)
+        cfg_dict = train_config(opts, data_dir, train_dir)  # the options pin the synthetic set: no fingerprint
     else:
         data_dir = Path(opts.data)
-        recipe = recipe_config(opts, data_dir, train_dir, stream)
+        if state is not None and state.recipe is not None:  # its images checked by run_quickstart
+            recipe = Recipe.from_json(state.recipe)
+            print(f"recipe: as decided by the unfinished run ({len(recipe.decisions)} decisions in {workdir / 'train.yaml'})",
+                  file=stream)
+        else:
+            recipe = recipe_config(opts, data_dir, train_dir, stream)
         cfg_dict = recipe.cfg
+    if state is None:
+        state = resume.RunState(options, resume.fingerprint(recipe.data) if recipe is not None else "",
+                                recipe=recipe.as_json() if recipe is not None else None)
     t_data = time.perf_counter() - t0
 
+    def advance(stage: str) -> None:
+        state.stage = stage
+        resume.save(workdir, state)
+
+    # A fold or final run already under way continues from its checkpoint; the rest start afresh.
+    reached = state.stage
     t1 = time.perf_counter()
     if recipe is not None and recipe.folds:
         from dtrain.recipe.oof import run_folds
 
-        oof, cfg_dict = run_folds(cfg_dict, recipe.data, recipe.folds, recipe.epochs_for, workdir, train, stream)
+        advance("folds")
+
+        def fold_done(i: int) -> None:
+            state.folds_done = sorted({*state.folds_done, i})
+            resume.save(workdir, state)
+
+        continuing = reached != "recipe"
+        oof, cfg_dict = run_folds(cfg_dict, recipe.data, recipe.folds, recipe.epochs_for, workdir,
+                                  lambda path: _train(path, nproc, stream, resume=continuing), stream,
+                                  done=set(state.folds_done) if continuing else None, on_done=fold_done)
     cfg_path = workdir / "train.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg_dict, sort_keys=False))
-    checkpoint = train(cfg_path)
+    advance("train")
+    checkpoint = _train(cfg_path, nproc, stream, resume=reached in ("train", "eval"))
     train_time = time.perf_counter() - t1
+    advance("eval")
     best = checkpoint.with_name("best.pt")  # written with keep_best: the lowest validation loss
     evaluated = best if best.is_file() else checkpoint
 
@@ -283,18 +347,23 @@ def run_quickstart(opts: QuickstartOptions, stream: TextIO = sys.stdout) -> dict
         report["warnings"] = [*report["warnings"], *recipe.notes]
         report["budget_minutes"] = opts.budget_minutes
     write_report(workdir, report, eval_dir, train_dir / "metrics.jsonl", title="dtrain quickstart: surface-defect inspection")
+    advance("done")
     return report
 
 
-def _train(cfg_path: Path, nproc: int, stream: TextIO) -> Path:
-    """One local DDP run of a config; returns its last checkpoint."""
+def _train(cfg_path: Path, nproc: int, stream: TextIO, resume: bool = False) -> Path:
+    """One local DDP run of a config; returns its last checkpoint. `resume`: continue from
+    the run's last checkpoint where it has one (an unfinished quickstart's)."""
+    from dtrain.train.checkpoint import find_resume
     from dtrain.train.launch import launch_local, say_job
 
     output_dir = Path(yaml.safe_load(cfg_path.read_text())["output_dir"])
-    # A fresh run every time: an old last.pt must not be mistaken for this run's result.
-    shutil.rmtree(output_dir, ignore_errors=True)
-    print(f"train: {nproc} DDP processes, config {cfg_path}", file=stream)
-    if launch_local(str(cfg_path), [], False, nproc, on_job=say_job(True)):
+    resume = resume and find_resume(output_dir) is not None
+    if not resume:  # a fresh run: an old last.pt must not be mistaken for this run's result
+        shutil.rmtree(output_dir, ignore_errors=True)
+    print(f"train: {nproc} DDP processes, config {cfg_path}" + (", continuing from its last checkpoint" if resume else ""),
+          file=stream)
+    if launch_local(str(cfg_path), [], resume, nproc, on_job=say_job(True)):
         raise KeyboardInterrupt  # its job was stopped (Ctrl-C or `dtrain stop`): the quickstart ends there
     checkpoint = output_dir / "checkpoints" / "last.pt"
     if not checkpoint.is_file():

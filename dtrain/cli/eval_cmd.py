@@ -118,6 +118,10 @@ def quickstart_command(
         None, "--folds", min=0, help="With --data: k-fold training for the threshold, 0 = none, at least 2 "
         "(default: the recipe decides from the defective validation images and the budget: 4 or 5 folds, or none).",
     ),
+    fresh: bool = typer.Option(
+        False, "--fresh", help="Start over. Without it, an unfinished run in WORKDIR (Ctrl-C, a crash) is continued when "
+        "the options are the same: finished fold runs are kept, training resumes from its last checkpoint.",
+    ),
 ) -> None:
     """The whole recipe on this machine: synthesise data (or use --data), train with DDP, evaluate, write report.json + report.html."""
     from dtrain.errors import DtrainError
@@ -132,7 +136,7 @@ def quickstart_command(
         raise DtrainError("--images and --image-size are for the synthetic run", "with --data the recipe decides the "
                           "input size (written to WORKDIR/train.yaml: edit it and run `dtrain train` to override)")
     options = QuickstartOptions(workdir=workdir, images=images, epochs=epochs, nproc=nproc, data=data,
-                                budget_minutes=budget_minutes, folds=folds, seed=seed, precision=precision)
+                                budget_minutes=budget_minutes, folds=folds, seed=seed, precision=precision, fresh=fresh)
     if image_size is not None:
         options.image_size = image_size
     result = run_quickstart(options, stream=sys.stdout)

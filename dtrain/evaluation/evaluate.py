@@ -301,7 +301,8 @@ def json_safe(obj: Any) -> Any:
 
 def save_scores(path: Path, pred: Predictions) -> None:
     """Predictions (e.g. out-of-fold scores) -> an .npz that `load_scores` and `dtrain eval --threshold-scores` read."""
-    np.savez_compressed(path, probs=pred.probs, targets=pred.targets, paths=np.asarray(pred.paths, dtype=str))
+    np.savez_compressed(path, probs=pred.probs, targets=pred.targets, paths=np.asarray(pred.paths, dtype=str),
+                        bad_files=np.asarray(pred.bad_files, dtype=str))
 
 
 def load_scores(path: Path) -> Predictions:
@@ -310,4 +311,5 @@ def load_scores(path: Path) -> Predictions:
     if not Path(path).is_file():
         raise DtrainError(f"scores file not found: {path}", "dtrain quickstart --data writes WORKDIR/eval/oof_scores.npz")
     with np.load(path) as z:
-        return Predictions(probs=z["probs"], targets=z["targets"], paths=[str(p) for p in z["paths"]], bad_files=[])
+        bad = [str(p) for p in z["bad_files"]] if "bad_files" in z.files else []  # absent in files from before it was kept
+        return Predictions(probs=z["probs"], targets=z["targets"], paths=[str(p) for p in z["paths"]], bad_files=bad)

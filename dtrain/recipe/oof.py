@@ -24,6 +24,7 @@ from dtrain.evaluation.predict import Predictions
 from dtrain.recipe.folds import assign_folds, link_split
 
 HELD_OUT = "heldout"
+SCORES = "heldout_scores.npz"  # a finished fold's class probabilities on its held-out images
 
 
 def labelled(data: DataConfig):
@@ -41,20 +42,34 @@ def labelled(data: DataConfig):
 
 def run_folds(
     cfg: dict[str, Any], data: DataConfig, k: int, epochs_for: Callable[[int], int], workdir: Path,
-    train: Callable[[Path], Path], stream: TextIO,
+    train: Callable[[Path], Path], stream: TextIO, done: set[int] | None = None,
+    on_done: Callable[[int], None] = lambda i: None,
 ) -> tuple[Predictions, dict[str, Any]]:
     """Train k fold models and score each one's held-out fold -> (out-of-fold predictions, the
     final model's config, not yet trained: its data root holds all of train + val).
-    `epochs_for(n)`: a run's epochs for its n training images; `train(config)` -> its checkpoint."""
+    `epochs_for(n)`: a run's epochs for its n training images; `train(config)` -> its checkpoint.
+    `done`: None for a fresh start (the folds folder is emptied); else the folds an unfinished
+    run finished, whose held-out scores (SCORES in each fold's folder) are read back rather than
+    trained again, while the other folds' run folders are kept for `train` to continue.
+    `on_done(i)` once fold i's scores are saved."""
+    from dtrain.evaluation.evaluate import load_scores, save_scores
+
     classes, paths, targets = labelled(data)
     folds = assign_folds(targets, k, int(cfg.get("seed", 0)))
     root = workdir / "folds"
-    shutil.rmtree(root, ignore_errors=True)
+    if done is None:
+        shutil.rmtree(root, ignore_errors=True)
     chunks: list[Predictions] = []
     for i in range(k):
         fold_dir = root / f"fold{i}"
         inside = [j for j, f in enumerate(folds) if f != i]
         out = [j for j, f in enumerate(folds) if f == i]
+        if done is not None and i in done and (fold_dir / SCORES).is_file():
+            print(f"folds: fold {i + 1}/{k}: finished by the unfinished run, its held-out scores read back", file=stream)
+            chunks.append(load_scores(fold_dir / SCORES))
+            continue
+        for split in ("train", HELD_OUT):  # links are cheap: drawn again (the same draw), the run folder kept
+            shutil.rmtree(fold_dir / split, ignore_errors=True)
         link_split(fold_dir, "train", classes, [paths[j] for j in inside], [targets[j] for j in inside])
         link_split(fold_dir, HELD_OUT, classes, [paths[j] for j in out], [targets[j] for j in out])
         fold_cfg = run_config(cfg, fold_dir, epochs_for(len(inside)), fold_dir / "run")
@@ -63,7 +78,10 @@ def run_folds(
         print(f"folds: fold {i + 1}/{k}: training on {len(inside)} images, {len(out)} held out "
               f"({fold_cfg['epochs']} epochs)", file=stream)
         chunks.append(predict_held_out(train(path), fold_dir))
+        save_scores(fold_dir / SCORES, chunks[-1])
+        on_done(i)
     all_dir = root / "all"
+    shutil.rmtree(all_dir, ignore_errors=True)
     link_split(all_dir, "train", classes, paths, targets)
     oof = Predictions(
         probs=np.concatenate([c.probs for c in chunks]),
