@@ -25,6 +25,22 @@ def png16(width: int, height: int, channels: int, value: int = 0x9A10) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
 
 
+def png16_of(values) -> bytes:
+    """A 16-bit PNG of a uint16 array: [H, W] grey or [H, W, 3] RGB (big-endian rows, filter 0)."""
+    import numpy as np
+
+    values = np.asarray(values, dtype=">u2")
+    height, width = values.shape[:2]
+    colour_type = 2 if values.ndim == 3 else 0
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    raw = b"".join(b"\x00" + values[y].tobytes() for y in range(height))
+    ihdr = struct.pack(">IIBBBBB", width, height, 16, colour_type, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
+
+
 def animated_gif(frames: int = 5, side: int = 64) -> bytes:
     """The file of issue 10: a 5-frame 64 x 64 GIF saved with Pillow's save_all."""
     from PIL import Image

@@ -94,3 +94,30 @@ def test_an_animated_gif_in_a_training_folder_is_skipped_and_listed(synth_data, 
     (images, labels), = list(loader)
     assert images.shape == (len(ds) - 1, 3, 32, 32) and labels.shape == (len(ds) - 1,)
     assert ds.bad_files == [str(gif)] and "5 frames" in ds.bad_reasons[str(gif)]
+
+
+_12BIT = [
+    ("16-bit grey png", lambda v: png16(8, 8, 1, v)),
+    ("16-bit rgb png", lambda v: png16(8, 8, 3, v)),
+    ("16-bit rgba png", lambda v: png16(8, 8, 4, v)),
+    ("16-bit grey tiff", lambda v: encoded(Image.fromarray(np.full((8, 8), v, np.uint16)), "TIFF")),
+]
+
+
+@pytest.mark.parametrize(("name", "make"), _12BIT)
+def test_sample_bits_shift_a_12_bit_cameras_values_into_the_8_bit_range(name, make):
+    """DataConfig.sample_bits: 0x9A1 (2465 of 4095) becomes 0x9A, where the high byte gives 0x09."""
+    from dtrain.data.decode import decode_pil
+
+    assert decode(make(0x9A1))[:, 0, 0].tolist() == [0x09] * 3  # the default: the high byte
+    assert decode(make(0x9A1), sample_bits=12)[:, 0, 0].tolist() == [0x9A] * 3, name
+    assert decode_pil(make(0x9A1), sample_bits=12).getpixel((0, 0)) == (0x9A, 0x9A, 0x9A), name  # the runtime's Pillow path
+    # A value past the stated bits (a hot pixel, a wrong setting) saturates rather than wraps.
+    assert decode(make(0x2345), sample_bits=12)[:, 0, 0].tolist() == [255] * 3
+    assert decode_pil(make(0x2345), sample_bits=12).getpixel((0, 0)) == (255, 255, 255)
+
+
+def test_sample_bits_leave_8_bit_images_alone():
+    data = encoded(_rgb(200, 100, 7), "PNG")
+    assert decode(data, sample_bits=12)[:, 0, 0].tolist() == [200, 100, 7]
+    assert decode(data, sample_bits=8).equal(decode(data))

@@ -39,7 +39,7 @@ class _Dies:
     """A predictor that fails on its second batch, like a run killed midway."""
 
     def __init__(self, predictor) -> None:
-        self._p, self.image_size, self.calls = predictor, predictor.image_size, 0
+        self._p, self.image_size, self.sample_bits, self.calls = predictor, predictor.image_size, predictor.sample_bits, 0
 
     def predict(self, images):
         self.calls += 1
@@ -66,3 +66,37 @@ def test_a_failed_run_keeps_the_previous_results_file(exported_model, synth_data
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.csv", partial.name]
     assert partial.read_text().splitlines() == before.splitlines()[:5]
     assert any(str(partial) in note for note in info.value.__notes__)
+
+
+def test_a_model_of_12_bit_samples_judges_16_bit_files_as_it_was_trained(exported_model, synth_data, tmp_path):
+    """The card's preprocessing.sample_bits reaches `dtrain inspect`'s decoder: a 16-bit file
+    holding an 8-bit picture's values x 16 (12 bits) is judged exactly as the 8-bit picture."""
+    import json
+    import shutil
+
+    import numpy as np
+    from PIL import Image
+
+    from dtrain.serve.inspect_batch import inspect_paths
+    from dtrain.serve.predictor import Predictor
+    from tests.image_fixtures import png16_of
+
+    model = tmp_path / "model"
+    shutil.copytree(exported_model, model)
+    card = json.loads((model / "model.json").read_text())
+    assert card["preprocessing"]["sample_bits"] == 16  # what the export wrote for 8-bit training data
+    card["preprocessing"]["sample_bits"] = 12
+    (model / "model.json").write_text(json.dumps(card))
+    eight, sixteen = [], []
+    for i, path in enumerate(sorted((synth_data / "test").rglob("*.png"))[:6]):
+        rgb = np.asarray(Image.open(path).convert("RGB")).astype(np.uint16)
+        (tmp_path / f"{i}.png").write_bytes(png16_of(rgb * 16 + 15))
+        eight.append(path)
+        sixteen.append(tmp_path / f"{i}.png")
+    twelve_bit = Predictor(model)
+    assert twelve_bit.sample_bits == 12
+    as_trained = [r.p_defect for r in inspect_paths(Predictor(exported_model), eight, batch=3, workers=1)]
+    shifted = [r.p_defect for r in inspect_paths(twelve_bit, sixteen, batch=3, workers=1)]
+    assert shifted == as_trained
+    high_byte = [r.p_defect for r in inspect_paths(Predictor(exported_model), sixteen, batch=3, workers=1)]
+    assert high_byte != as_trained  # the default would have judged pictures of 16 grey levels

@@ -141,31 +141,40 @@ def test_gather_finds_grey_images(tmp_path):
     assert stats.grey_share == 1.0 and stats.negative_class is None and stats.short_sides[0] == 40
 
 
-@pytest.mark.parametrize(("top", "fmt", "noted"), [(4095, "PNG", True), (4095, "TIFF", True), (60000, "PNG", False)])
-def test_16_bit_images_that_use_12_bits_get_a_note(tmp_path, top, fmt, noted):
-    """A 12-bit camera's values stored as they come (0..4095) keep 16 grey levels in the
-    decoder's high byte; values that fill the 16 bits lose nothing worth a note."""
+@pytest.mark.parametrize(("top", "fmt", "bits"), [(4095, "PNG", 12), (4095, "TIFF", 12), (1500, "PNG", 12), (900, "PNG", 10),
+                                                  (200, "TIFF", 8), (60000, "PNG", None)])
+def test_16_bit_images_that_use_fewer_bits_set_sample_bits(tmp_path, top, fmt, bits):
+    """A 12-bit camera's values stored as they come (0..4095) would keep 16 grey levels in
+    the decoder's high byte: the recipe sets data.sample_bits to the camera depth their
+    largest value needs (a dark sample's 11 bits round up to 12); values that fill the
+    16 bits get no decision. The images then decode to the whole 8-bit range."""
     from PIL import Image
 
     from dtrain.data.config import DataConfig
-    from dtrain.recipe.decide import notes
+    from dtrain.data.datasets import open_split
+    from dtrain.recipe.decide import as_config, notes, plan
 
     rng = np.random.default_rng(0)
     for split in ("train", "val"):
         for cls in ("crazing", "pitted"):
             (tmp_path / split / cls).mkdir(parents=True)
             for k in range(3):
-                values = rng.integers(0, top + 1, (40, 60), dtype=np.uint16)
+                values = rng.integers(0, top + 1, (40, 40), dtype=np.uint16)  # square: no resize below
                 values[0, 0] = top
                 Image.fromarray(values).save(tmp_path / split / cls / f"{k}.{fmt.lower()}", fmt)
 
-    said = [n for n in notes(gather(DataConfig(root=str(tmp_path)))) if "16-bit" in n]
-
-    if noted:
-        assert len(said) == 1 and said[0].startswith("the 6 sampled 16-bit images use at most 12 bits (no value reaches 4096)")
-        assert "leaves them 16 grey levels" in said[0] and "shift their values up by 4 bits" in said[0]
-    else:
-        assert said == []
+    stats = gather(DataConfig(root=str(tmp_path)))
+    decided = [d for d in plan(stats) if d.field == "data.sample_bits"]
+    assert not [n for n in notes(stats) if "16-bit" in n]  # a decision now, not a note
+    if bits is None:
+        assert decided == []
+        return
+    assert [d.value for d in decided] == [bits]
+    assert decided[0].reason.startswith(f"the 6 sampled 16-bit images use at most {int(top).bit_length()} bits")
+    assert f"{2 ** (bits - 8)} of 256 grey levels" in decided[0].reason
+    data = DataConfig(root=str(tmp_path), image_size=40, **{k: v for k, v in as_config(decided)["data"].items()})
+    brightest = max(int(open_split(data, "train", train=False)[i][0].max()) for i in range(6))
+    assert brightest == top >> (bits - 8)  # 4095 -> 255: the range is used
 
 
 def test_layout_detection(synth_data, tmp_path):

@@ -82,3 +82,23 @@ def test_verdicts_of_the_runtime_path_equal_the_torch_path(exported_model, synth
         return [v.verdict for v in judge(logits, card.classes, card.negative_index, card.threshold)]
 
     assert verdicts(a) == verdicts(b)
+
+
+@pytest.mark.parametrize("mode", ["grey png", "grey tiff", "rgb png"])
+def test_a_12_bit_model_is_fed_alike_by_both_paths(mode):
+    """Preprocessing.sample_bits (the model card's) reaches the runtime's Pillow decode as
+    DataConfig.sample_bits reaches training's: a 12-bit picture, resized, matches."""
+    from dtrain.data.transforms import preprocess_image
+    from dtrain.serve.images import prepare_bytes
+
+    rgb = _part(97, 131, seed=12).astype(np.uint16) * 16 + 7  # 12-bit values, 0..4087
+    if mode == "rgb png":
+        from tests.image_fixtures import png16_of
+
+        data = png16_of(rgb)
+    else:
+        data = encoded(Image.fromarray(np.ascontiguousarray(rgb[..., 0])), mode.split()[1].upper())
+    runtime = prepare_bytes(data, 64, sample_bits=12).astype(int)
+    torch_path = preprocess_image(data, 64, sample_bits=12).numpy().astype(int)
+    assert np.abs(runtime - torch_path).max() <= 1
+    assert runtime.max() > 200  # the 12 bits fill the 8-bit range (the high byte would stay under 16)

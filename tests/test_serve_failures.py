@@ -18,6 +18,7 @@ class _Failing:
     def __init__(self, predictor) -> None:
         self._p = predictor
         self.card, self.backend, self.image_size = predictor.card, predictor.backend, predictor.image_size
+        self.sample_bits = predictor.sample_bits
         self.failure = None
         self.release = threading.Event()
 

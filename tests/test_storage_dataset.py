@@ -165,6 +165,30 @@ def test_unreadable_image_in_a_shard_is_skipped(tmp_path):
     assert ds.bad_files == ["train/scratch/scratch_9.png"]
 
 
+def test_bmp_and_16_bit_tiff_in_shards_decode_as_in_the_folder(tmp_path):
+    """Every format goes through the one checked decoder, sample_bits included (BMP and TIFF
+    used to go to Pillow unchecked: a 16-bit grey TIFF clipped at 255 there)."""
+    import numpy as np
+    from PIL import Image
+
+    src = tmp_path / "src"
+    rng = np.random.default_rng(1)
+    for cls in ("ok", "scratch"):
+        (src / "train" / cls).mkdir(parents=True)
+        Image.fromarray(rng.integers(0, 4096, (16, 16), dtype=np.uint16)).save(src / "train" / cls / f"{cls}_0.tif", "TIFF")
+        Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(src / "train" / cls / f"{cls}_1.bmp", "BMP")
+    push(DataConfig(root=str(src)), open_store(str(tmp_path / "dest")), parse_size("1MB"))
+    for bits in (16, 12):
+        folder = open_split(DataConfig(root=str(src), image_size=16, sample_bits=bits), "train", train=False)
+        shards = open_split(DataConfig(root=str(tmp_path / "dest"), layout="shards", image_size=16, sample_bits=bits),
+                            "train", train=False)
+        by_path = {p.split("/")[-1]: folder[i][0] for i, p in enumerate(folder.paths)}
+        assert len(shards) == len(by_path) == 4
+        for i in range(len(shards)):
+            assert shards[i][0].equal(by_path[shards.paths[i].split("/")[-1]]), (bits, shards.paths[i])
+    assert max(int(shards[i][0].max()) for i in range(4)) > 200  # at 12 bits the TIFFs fill the range
+
+
 @pytest.mark.slow
 def test_addresses_and_their_errors(s3_shards, tmp_path):
     with pytest.raises(DtrainError, match="no split 'nope'"):

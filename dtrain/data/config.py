@@ -53,6 +53,12 @@ class DataConfig(StrictModel):
     # imagefolder with train/ and test/ but no val/: this share of every train class becomes
     # val (seeded, as above), and the val folder is not read.
     val_from_train: float = Field(0.0, ge=0, lt=1)
+    # Bits a 16-bit image's samples really use: a 12-bit camera's raw values stored as they
+    # come (0..4095) use 12. Those samples are shifted down by sample_bits - 8 (clipped at
+    # 255), so their bits fill the 8-bit range; the default keeps the high byte, which
+    # would leave a 12-bit image 16 grey levels. 8-bit images are not touched. The recipe
+    # sets it from sampled 16-bit images (recipe/decide.py); exported models keep it.
+    sample_bits: int = Field(16, ge=8, le=16)
     # Decode + resize every image once into one uint8 tensor (small sets only:
     # N * 3 * S * S bytes); workers then only augment.
     cache_decoded: bool = False

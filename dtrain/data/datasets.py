@@ -22,6 +22,7 @@ from torch.utils.data import Dataset, default_collate
 
 from dtrain.data.config import DataConfig
 from dtrain.data.layouts import scan
+from dtrain.data.decode import FULL_BITS
 from dtrain.data.transforms import read_image, resize_uint8, train_augmentation
 
 log = logging.getLogger("dtrain.data")
@@ -43,6 +44,7 @@ class InspectionDataset(Dataset):
         image_size: int,
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
         cache_decoded: bool = False,
+        sample_bits: int = FULL_BITS,  # DataConfig.sample_bits
     ) -> None:
         self.paths = list(paths)
         self.targets = list(targets)
@@ -50,6 +52,7 @@ class InspectionDataset(Dataset):
         self.negative_index = negative_index
         self.negative_class = None if negative_index is None else self.classes[negative_index]
         self.image_size = image_size
+        self.sample_bits = sample_bits
         self.transform = transform
         self._bad_local: dict[str, str] = {}
         # Named now, created by the first worker that finds a bad file.
@@ -76,7 +79,7 @@ class InspectionDataset(Dataset):
             return self._cache[index] if self._cache_ok[index] else None
         path = self.paths[index]
         try:
-            return resize_uint8(read_image(path), self.image_size)
+            return resize_uint8(read_image(path, self.sample_bits), self.image_size)
         except _READ_ERRORS as exc:
             self._record_bad(path, exc)
             return None
@@ -116,7 +119,7 @@ class InspectionDataset(Dataset):
 
         def one(i: int) -> None:
             try:
-                cache[i] = resize_uint8(read_image(self.paths[i]), s)
+                cache[i] = resize_uint8(read_image(self.paths[i], self.sample_bits), s)
                 ok[i] = True
             except _READ_ERRORS as exc:
                 self._record_bad(self.paths[i], exc)
@@ -151,6 +154,7 @@ def open_split(cfg: DataConfig, split: str, *, train: bool) -> Dataset:
         cfg.image_size,
         transform=train_augmentation(cfg.shift) if (train and cfg.augment) else None,
         cache_decoded=cfg.cache_decoded,
+        sample_bits=cfg.sample_bits,
     )
 
 

@@ -8,8 +8,10 @@ refused above a limit before a single row is inflated: a 280 kB 6000 x 6000 16-b
 PNG would need 288 MB for its pixels alone.
 
 What is accepted: one still image of any size within the limits, grey, grey + alpha,
-palette, RGB, RGBA, CMYK, at 8 or 16 bits per sample (16 bits keep their high byte;
-alpha is dropped). What is refused, with a reason: animated or multi-page files (which
+palette, RGB, RGBA, CMYK, at 8 or 16 bits per sample (alpha is dropped). 16-bit samples
+become 8 bits by a shift of `sample_bits - 8` (DataConfig.sample_bits): the high byte by
+default, the low 12 bits' top 8 for a 12-bit camera's values stored as they come, which
+the high byte would leave with 16 grey levels. What is refused, with a reason: animated or multi-page files (which
 frame would be the part?), 32-bit integer or float samples, and anything unreadable.
 
 Two outputs, one set of checks: `decode` gives a torch tensor for training and
@@ -42,6 +44,8 @@ warnings.filterwarnings("ignore", message="The image decoding and encoding capab
 DEFAULT_MAX_PIXELS = 40_000_000
 # 40 MP at 4 bytes per pixel (8-bit RGBA); a 16-bit RGB image may have 26 MP.
 DEFAULT_MAX_DECODE_BYTES = 160_000_000
+# Bits a 16-bit sample really uses (DataConfig.sample_bits): all 16 unless told otherwise.
+FULL_BITS = 16
 
 # torchvision decodes these natively (fast, and with little memory beyond its output);
 # the rest go through Pillow.
@@ -132,11 +136,13 @@ def decode(
     max_pixels: int = DEFAULT_MAX_PIXELS,
     max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES,
     admit: Admit = lambda _nbytes: nullcontext(),
+    sample_bits: int = FULL_BITS,
 ) -> torch.Tensor:
     """Encoded image -> uint8 [3, H, W] RGB; raises ImageRefused (nothing else) for any
     file it will not or cannot decode. The decode itself runs inside `admit(decode_bytes)`
-    (the service's memory budget shared by concurrent decodes)."""
-    header, img = _checked_decode(data, max_pixels, max_decode_bytes, admit, _decode_tensor)
+    (the service's memory budget shared by concurrent decodes). `sample_bits`: see the module."""
+    header, img = _checked_decode(data, max_pixels, max_decode_bytes, admit,
+                                  lambda d, h: _decode_tensor(d, h, sample_bits))
     if img.ndim != 3 or img.shape[0] != 3:  # the header check makes this unreachable; the batch stack relies on it
         raise ImageRefused(f"the {header.format} decoded to shape {tuple(img.shape)}, not one RGB image")
     return img
@@ -149,12 +155,13 @@ def decode_pil(
     max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES,
     admit: Admit = lambda _nbytes: nullcontext(),
     then: Callable[[PILImage], T] = lambda img: img,
+    sample_bits: int = FULL_BITS,
 ) -> T:
     """The same checks and refusals as `decode`, by Pillow alone: an 8-bit RGB image,
     or what `then` makes of it. `then` runs inside `admit`, so the full-size image is
     gone before the budget is given back (a resize after the budget let 16 concurrent
     6000 px uploads hold 2.8 GB where the budget said 250 MB)."""
-    return _checked_decode(data, max_pixels, max_decode_bytes, admit, lambda d, h: then(_pil_rgb(d, h)))[1]
+    return _checked_decode(data, max_pixels, max_decode_bytes, admit, lambda d, h: then(_pil_rgb(d, h, sample_bits)))[1]
 
 
 def _checked_decode(data: bytes, max_pixels: int, max_decode_bytes: int, admit: Admit,
@@ -174,21 +181,28 @@ def _checked_decode(data: bytes, max_pixels: int, max_decode_bytes: int, admit: 
         raise ImageRefused(f"cannot decode the {header.format} data: the file is corrupt or truncated") from None
 
 
-def _decode_tensor(data: bytes, header: Header) -> torch.Tensor:
+def _decode_tensor(data: bytes, header: Header, sample_bits: int = FULL_BITS) -> torch.Tensor:
     if header.format in _TORCHVISION_FORMATS:
-        return _decode_torchvision(data)
+        return _decode_torchvision(data, sample_bits)
     import numpy as np
     import torch
 
-    return torch.from_numpy(np.array(_pil_rgb(data, header))).permute(2, 0, 1).contiguous()  # np.array: a writable copy
+    # np.array: a writable copy
+    return torch.from_numpy(np.array(_pil_rgb(data, header, sample_bits))).permute(2, 0, 1).contiguous()
 
 
-def _decode_torchvision(data: bytes) -> torch.Tensor:
+def _decode_torchvision(data: bytes, sample_bits: int = FULL_BITS) -> torch.Tensor:
     import torch
     from torchvision.io import ImageReadMode, decode_image
 
     img = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
-    return _high_byte(img) if img.dtype == torch.uint16 else img
+    if img.dtype != torch.uint16:
+        return img
+    if sample_bits >= FULL_BITS:
+        return _high_byte(img)
+    # torch has no shift on uint16: through int32, 4x the image's size for the moment (the
+    # decode budget counts 2 bytes a sample; a 12-bit camera's frames are a few MP)
+    return (img.to(torch.int32) >> (sample_bits - 8)).clamp_(max=255).to(torch.uint8)
 
 
 def _high_byte(img: torch.Tensor) -> torch.Tensor:
@@ -201,11 +215,31 @@ def _high_byte(img: torch.Tensor) -> torch.Tensor:
     return hwc.view(torch.uint8)[..., high::2].permute(2, 0, 1).contiguous()
 
 
-def _pil_rgb(data: bytes, header: Header) -> PILImage:
+def _pil_rgb(data: bytes, header: Header, sample_bits: int = FULL_BITS) -> PILImage:
     import numpy as np
     from PIL import Image
 
     with Image.open(io.BytesIO(data)) as img:
         if img.mode.startswith("I;16"):  # Pillow's convert("RGB") would clip these at 255
-            return Image.fromarray((np.asarray(img, dtype=np.uint16) >> 8).astype(np.uint8)).convert("RGB")
+            shifted = np.asarray(img, dtype=np.uint16) >> min(sample_bits - 8, 8)
+            return Image.fromarray(np.minimum(shifted, 255).astype(np.uint8)).convert("RGB")
+        if sample_bits < FULL_BITS and header.bytes_per_sample == 2 and header.format == "PNG":
+            return _to_pil(_colour_png16(data, sample_bits))
         return img.convert("RGB")
+
+
+def _colour_png16(data: bytes, sample_bits: int):
+    """16-bit colour PNG at `sample_bits`: Pillow reads only its high byte, so torchvision
+    decodes it, as in training. torch is imported on this rare path only; an inspection
+    PC without it is told so rather than given the high byte the network never saw."""
+    try:
+        return _decode_torchvision(data, sample_bits)
+    except ImportError:
+        raise ImageRefused(f"a 16-bit colour PNG for a model of {sample_bits}-bit samples needs torchvision to decode: "
+                           "install torch and torchvision, or send 16-bit grey or 8-bit images") from None
+
+
+def _to_pil(chw) -> PILImage:
+    from PIL import Image
+
+    return Image.fromarray(chw.permute(1, 2, 0).contiguous().numpy(), "RGB")

@@ -24,14 +24,12 @@ ids to DIR/<split>-rank<RANK>-worker<W>.txt (tests use it to prove exactly-once 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import logging
 import os
 import tempfile
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import PurePosixPath
 
 import torch
 from torch.utils.data import Dataset
@@ -47,7 +45,6 @@ log = logging.getLogger("dtrain.data")
 TRACE_ENV = "DTRAIN_DATA_TRACE"
 # What a damaged image raises while being decoded (as in dtrain.data.datasets).
 _READ_ERRORS = (RuntimeError, OSError, ValueError, SyntaxError)
-_NATIVE = frozenset({"png", "jpg", "jpeg", "webp", "gif"})
 
 Sample = tuple[torch.Tensor, int]
 
@@ -73,17 +70,13 @@ def coalesce(ranges: Sequence[tuple[int, int, int]], gap: int) -> list[tuple[int
     return spans
 
 
-def decode_bytes(data: bytes, ext: str) -> torch.Tensor:
-    """Encoded image -> uint8 [3, H, W], decoded exactly as the local-folder dataset does."""
+def decode_bytes(data: bytes, sample_bits: int = 16) -> torch.Tensor:
+    """Encoded image -> uint8 [3, H, W] by the local-folder dataset's decoder, with its checks.
+    (Before, BMP and TIFF went to Pillow unchecked: no size limit before decoding, and a
+    16-bit grey TIFF clipped at 255 where the folder dataset kept its high byte.)"""
     from dtrain.data.transforms import decode_uint8
 
-    if ext in _NATIVE:
-        return decode_uint8(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-    from PIL import Image
-    from torchvision.transforms.v2.functional import pil_to_tensor
-
-    with Image.open(io.BytesIO(data)) as im:
-        return pil_to_tensor(im.convert("RGB"))
+    return decode_uint8(torch.frombuffer(bytearray(data), dtype=torch.uint8), sample_bits)
 
 
 class ShardDataset(Dataset):
@@ -97,6 +90,7 @@ class ShardDataset(Dataset):
         image_size: int,
         transform: Callable[[torch.Tensor], torch.Tensor] | None,
         cache: ShardCache | None,
+        sample_bits: int = 16,  # DataConfig.sample_bits
     ) -> None:
         info = manifest.splits[split]
         self.store = store
@@ -105,12 +99,12 @@ class ShardDataset(Dataset):
         self.shard_bytes = [s.bytes for s in info.shards]
         self.rows = rows
         self.paths = paths
-        self.exts = [PurePosixPath(p).suffix.lower().lstrip(".") for p in paths]
         self.targets = [int(x) for x in rows[:, 3]]
         self.classes = list(manifest.classes)
         self.negative_index = manifest.negative_index
         self.negative_class = None if self.negative_index is None else self.classes[self.negative_index]
         self.image_size = image_size
+        self.sample_bits = sample_bits
         self.transform = transform
         self.cache = cache
         self._bad: dict[str, str] = {}
@@ -209,7 +203,7 @@ class ShardDataset(Dataset):
         if blob is None:
             return None
         try:
-            img = resize_uint8(decode_bytes(blob, self.exts[index]), self.image_size)
+            img = resize_uint8(decode_bytes(blob, self.sample_bits), self.image_size)
         except _READ_ERRORS as exc:
             self._record_bad(index, exc)
             return None
@@ -273,4 +267,5 @@ def open_shard_split(cfg: DataConfig, split: str, *, train: bool) -> ShardDatase
         cfg.image_size,
         transform=train_augmentation(cfg.shift) if (train and cfg.augment) else None,
         cache=cache,
+        sample_bits=cfg.sample_bits,
     )

@@ -18,7 +18,7 @@ import torch
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from dtrain.data.decode import decode
+from dtrain.data.decode import FULL_BITS, decode
 
 # ImageNet statistics: a `pretrained: PATH` ResNet expects them, and for random init
 # any fixed affine map is as good as another. Stored in every checkpoint.
@@ -26,21 +26,22 @@ MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 
 
-def decode_bytes(data: bytes | bytearray | memoryview) -> torch.Tensor:
+def decode_bytes(data: bytes | bytearray | memoryview, sample_bits: int = FULL_BITS) -> torch.Tensor:
     """Encoded image -> uint8 [3, H, W] by dtrain's one decoder (dtrain.data.decode):
-    raises ImageRefused (a ValueError) for an animated, unsupported or damaged file."""
-    return decode(bytes(data))
+    raises ImageRefused (a ValueError) for an animated, unsupported or damaged file.
+    `sample_bits`: DataConfig.sample_bits."""
+    return decode(bytes(data), sample_bits=sample_bits)
 
 
-def decode_uint8(data: torch.Tensor) -> torch.Tensor:
+def decode_uint8(data: torch.Tensor, sample_bits: int = FULL_BITS) -> torch.Tensor:
     """The same, for encoded bytes in a uint8 1-D tensor."""
-    return decode(data.numpy().tobytes())
+    return decode(data.numpy().tobytes(), sample_bits=sample_bits)
 
 
-def read_image(path: str | Path) -> torch.Tensor:
+def read_image(path: str | Path, sample_bits: int = FULL_BITS) -> torch.Tensor:
     """One file -> uint8 [3, H, W]; raises OSError when the file cannot be read and
     ImageRefused (a ValueError) when it is not an image dtrain decodes."""
-    return decode(Path(path).read_bytes())
+    return decode(Path(path).read_bytes(), sample_bits=sample_bits)
 
 
 def resize_uint8(img: torch.Tensor, size: int) -> torch.Tensor:
@@ -49,13 +50,14 @@ def resize_uint8(img: torch.Tensor, size: int) -> torch.Tensor:
     return F.resize(img, [size, size], antialias=True)
 
 
-def preprocess_image(image: Any, size: int) -> torch.Tensor:
+def preprocess_image(image: Any, size: int, sample_bits: int = FULL_BITS) -> torch.Tensor:
     """PIL image, array/tensor (HWC or CHW, grey or RGB), encoded bytes or a path ->
-    uint8 [3, size, size], prepared exactly like the training images (minus augmentation)."""
+    uint8 [3, size, size], prepared exactly like the training images (minus augmentation);
+    `sample_bits` applies to encoded 16-bit images."""
     if isinstance(image, (str, Path)):
-        img = read_image(image)
+        img = read_image(image, sample_bits)
     elif isinstance(image, (bytes, bytearray, memoryview)):
-        img = decode_bytes(image)
+        img = decode_bytes(image, sample_bits)
     elif isinstance(image, torch.Tensor):
         img = _as_chw_uint8(image)
     elif hasattr(image, "convert") and hasattr(image, "size"):  # PIL.Image

@@ -298,15 +298,31 @@ def plan(
     side = side or wanted
     n = n_train or stats.n_train
     return [
-        negative_class(stats), side, *network(side.value, wanted.value), cache(n, side.value),
+        negative_class(stats), *sample_bits(stats), side, *network(side.value, wanted.value), cache(n, side.value),
         *augmentation(stats), mixup(stats), *sampling(stats), epochs(n, images_seen, budget), *validation(stats, kfold),
         Decision("batch_size", BATCH_SIZE, "per process; keeps one CPU thread per rank busy"),
     ]
 
 
-# 16-bit images whose values need at most this many bits lose most of their grey levels
-# in the decoder's high byte (13 bits keep 32 levels: coarse, but not a note's worth).
-LOW_BITS = 12
+# What cameras digitise to: a 16-bit image's largest sample is rounded up to one of these,
+# so a dark sample of a 12-bit camera's images (none above 2047) does not make the brighter
+# images the recipe did not open clip at 255.
+CAMERA_BITS = (8, 10, 12, 14, 16)
+
+
+def sample_bits(stats: DataStats) -> list[Decision]:
+    """`data.sample_bits` where sampled 16-bit images use fewer than 16 bits; nothing otherwise."""
+    if not stats.deep_bits or max(stats.deep_bits) > CAMERA_BITS[-2]:
+        return []
+    top = max(stats.deep_bits)
+    bits = next(b for b in CAMERA_BITS if b >= top)
+    return [Decision(
+        "data.sample_bits", bits,
+        f"the {len(stats.deep_bits)} sampled 16-bit images use at most {top} bits (no value reaches {2 ** top}), as a "
+        f"{bits}-bit camera's values stored as they come: "
+        + (f"shifted down by {bits - 8} bits" if bits > 8 else "taken as they are") + " rather than keeping the high byte, "
+        f"which would leave them {2 ** max(bits - 8, 0)} of 256 grey levels and hide faint defects",
+    )]
 
 
 def notes(stats: DataStats) -> list[str]:
@@ -330,11 +346,6 @@ def notes(stats: DataStats) -> list[str]:
         what = [f"{n} ground-truth {noun}{'s' if n != 1 else ''}" for n, noun in ((masks, "mask"), (folders, "folder")) if n]
         out.append(f"{' and '.join(what)} among the images, left out of every split (e.g. {path}: {why}); a mask is a picture of "
                    "the answer, not of the part")
-    if stats.deep_bits and max(stats.deep_bits) <= LOW_BITS:
-        b = max(stats.deep_bits)
-        out.append(f"the {len(stats.deep_bits)} sampled 16-bit images use at most {b} bits (no value reaches {2 ** b}): "
-                   f"the decoder keeps the high byte of 16, which leaves them {max(2 ** (b - 8), 1)} grey levels and hides "
-                   f"faint defects; save them as 8-bit images scaled to 0..255, or shift their values up by {16 - b} bits")
     return out + copies.describe(stats.copies)
 
 

@@ -159,7 +159,8 @@ def create_app(predictor, limits: ServeLimits | None = None) -> FastAPI:
         blobs = [(f.filename or f"image{i}", await f.read()) for i, f in enumerate(files)]
         try:
             async with asyncio.timeout(limits.request_timeout_s):
-                images = await run_in_threadpool(_prepare_all, blobs, predictor.image_size, limits, budget)
+                images = await run_in_threadpool(_prepare_all, blobs, predictor.image_size, limits, budget,
+                                                  predictor.sample_bits)
                 results = await batcher.submit_many(images)
         except TimeoutError:
             raise HTTPException(504, f"no verdict within {limits.request_timeout_s:g} s (the service is overloaded "
@@ -186,13 +187,13 @@ def create_app(predictor, limits: ServeLimits | None = None) -> FastAPI:
     return app
 
 
-def _prepare_all(blobs: list[tuple[str, bytes]], size: int, limits: ServeLimits, budget: DecodeBudget):
+def _prepare_all(blobs: list[tuple[str, bytes]], size: int, limits: ServeLimits, budget: DecodeBudget, sample_bits: int):
     out = []
     for name, data in blobs:
         try:
             # The budget is held by this thread, not the request: a request that timed out
             # keeps its share until the decode really ends, so the bound holds.
-            out.append(prepare_bytes(data, size, limits.max_pixels, limits.max_decode_bytes, budget))
+            out.append(prepare_bytes(data, size, limits.max_pixels, limits.max_decode_bytes, budget, sample_bits))
         except ImageRejected as exc:
             raise HTTPException(exc.status, f"{name}: {exc.message}") from None
     return out

@@ -152,7 +152,8 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
 
     staged = staging_dir(out)
     try:
-        written, failed = _write_networks(opts, candidates, wrapped, size, val, staged, step, may_fail=bool(droppable))
+        written, failed = _write_networks(opts, candidates, wrapped, size, val, staged, step, may_fail=bool(droppable),
+                                          bits=sample_bits(meta))
         rows += [BackendRow(backend=n, note=f"not shipped: {failed[B.get_backend(n).network]}")
                  for n in candidates if B.get_backend(n).network in failed]
         verification, throughput = {}, {}
@@ -196,7 +197,8 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
             dtrain_version=__version__,
             arch=meta["config"]["model"]["arch"],
             checkpoint=str(Path(opts.checkpoint).resolve()),
-            preprocessing=Preprocessing(image_size=size, mean=list(meta["mean"]), std=list(meta["std"])),
+            preprocessing=Preprocessing(image_size=size, mean=list(meta["mean"]), std=list(meta["std"]),
+                                        sample_bits=sample_bits(meta)),
             views=int(meta["config"]["model"].get("views", 1)),
             classes=classes,
             negative_class=negative,
@@ -232,6 +234,11 @@ class Deployable(torch.nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.net((images.float() - self.shift) * self.scale)
+
+
+def sample_bits(meta: dict) -> int:
+    """The training data's DataConfig.sample_bits (16 in checkpoints from before it existed)."""
+    return int(((meta.get("config") or {}).get("data") or {}).get("sample_bits", 16))
 
 
 def _own_threshold_rule(opts: ExportOptions, given: GivenThreshold | None, neg: int | None, val: ValData) -> str | None:
@@ -315,6 +322,7 @@ def _network_files(opts: ExportOptions) -> tuple[str, ...]:
 
 def _write_networks(
     opts: ExportOptions, candidates: list[str], wrapped, size: int, val: ValData, folder: Path, step: Step, may_fail: bool,
+    bits: int = 16,
 ) -> tuple[set[str], dict[str, str]]:
     """The networks written, and {network: why not} for an int8 quantisation that failed
     where `may_fail` (what `--quantize auto` tries on its own it may leave out)."""
@@ -337,7 +345,7 @@ def _write_networks(
             calib = calibration_sample(val.images, opts.calibration_images)
         else:
             step("reading calibration images")
-            calib = calibration_images(opts.calibration, size, opts.calibration_images)
+            calib = calibration_images(opts.calibration, size, opts.calibration_images, sample_bits=bits)
         step(f"quantising to int8 (calibrating on {len(calib)} images)")
         try:
             quantize_int8(folder / B.ONNX_FP32, folder / B.ONNX_INT8, calib)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dtrain.data.decode import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS, ImageRefused, decode_pil
+from dtrain.data.decode import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS, FULL_BITS, ImageRefused, decode_pil
 from dtrain.data.masks import IMAGE_EXTENSIONS
 
 # Pillow stores a large image in 16 MB blocks by default. glibc serves blocks that size
@@ -78,18 +78,22 @@ class DecodeBudget:
 
 
 def prepare_bytes(data: bytes, size: int, max_pixels: int = DEFAULT_MAX_PIXELS,
-                  max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES, budget: DecodeBudget | None = None) -> np.ndarray:
-    """Encoded image -> uint8 [3, size, size]; raises ImageRejected."""
-    return decode_checked(data, max_pixels, max_decode_bytes, budget, then=lambda img: resize(img, size))
+                  max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES, budget: DecodeBudget | None = None,
+                  sample_bits: int = FULL_BITS) -> np.ndarray:
+    """Encoded image -> uint8 [3, size, size]; raises ImageRejected. `sample_bits`: the model
+    card's (Preprocessing.sample_bits)."""
+    return decode_checked(data, max_pixels, max_decode_bytes, budget, then=lambda img: resize(img, size),
+                          sample_bits=sample_bits)
 
 
 def decode_checked(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES,
-                   budget: DecodeBudget | None = None, then=lambda img: img):
+                   budget: DecodeBudget | None = None, then=lambda img: img, sample_bits: int = FULL_BITS):
     """Encoded image -> 8-bit RGB Pillow image (or `then` of it, still inside the
     budget); raises ImageRejected."""
     try:
         kw = {"admit": budget.hold} if budget is not None else {}
-        return decode_pil(data, max_pixels=max_pixels, max_decode_bytes=max_decode_bytes, then=then, **kw)
+        return decode_pil(data, max_pixels=max_pixels, max_decode_bytes=max_decode_bytes, then=then,
+                          sample_bits=sample_bits, **kw)
     except ImageRefused as exc:
         raise ImageRejected(413 if exc.too_large else 422, exc.message) from None
 
@@ -104,5 +108,5 @@ def resize(img, size: int) -> np.ndarray:
 
 
 def prepare_file(path: str | Path, size: int, max_pixels: int = DEFAULT_MAX_PIXELS,
-                 max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES) -> np.ndarray:
-    return prepare_bytes(Path(path).read_bytes(), size, max_pixels, max_decode_bytes)
+                 max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES, sample_bits: int = FULL_BITS) -> np.ndarray:
+    return prepare_bytes(Path(path).read_bytes(), size, max_pixels, max_decode_bytes, sample_bits=sample_bits)

@@ -149,7 +149,7 @@ class _Prepared:
     resize_s: float
 
 
-def _prepare(paths: list[Path], size: int, max_pixels: int, clock: Callable[[], float]) -> _Prepared:
+def _prepare(paths: list[Path], size: int, max_pixels: int, clock: Callable[[], float], sample_bits: int) -> _Prepared:
     images = np.empty((len(paths), 3, size, size), dtype=np.uint8)
     good: list[int] = []
     errors: dict[int, str] = {}
@@ -157,7 +157,7 @@ def _prepare(paths: list[Path], size: int, max_pixels: int, clock: Callable[[], 
     for i, path in enumerate(paths):
         t0 = clock()
         try:
-            img = decode_checked(path.read_bytes(), max_pixels)
+            img = decode_checked(path.read_bytes(), max_pixels, sample_bits=sample_bits)
         except ImageRejected as exc:
             errors[i] = exc.message
             continue
@@ -197,7 +197,7 @@ def inspect_paths(
         def submit_next() -> None:
             chunk = next(chunks, None)
             if chunk is not None:
-                pending.append((chunk, pool.submit(_prepare, chunk, size, max_pixels, clock)))
+                pending.append((chunk, pool.submit(_prepare, chunk, size, max_pixels, clock, predictor.sample_bits)))
 
         for _ in range(workers + 1):
             submit_next()

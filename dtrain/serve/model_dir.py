@@ -37,6 +37,9 @@ class Preprocessing(StrictModel):
     input: str = "uint8 [B, 3, S, S], RGB, 0..255, squashed (not cropped) to S x S, antialiased"
     mean: list[float]
     std: list[float]
+    # DataConfig.sample_bits of the training data: 16-bit samples are shifted down by
+    # sample_bits - 8 before anything else, as in training (cards without it: 16, the high byte).
+    sample_bits: int = Field(16, ge=8, le=16)
 
 
 class Verification(StrictModel):

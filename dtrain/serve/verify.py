@@ -165,7 +165,7 @@ def calibration_sample(images: np.ndarray, limit: int, seed: int = 0) -> np.ndar
     return np.ascontiguousarray(images[np.sort(order)])
 
 
-def calibration_images(source: str, size: int, limit: int, seed: int = 0) -> np.ndarray:
+def calibration_images(source: str, size: int, limit: int, seed: int = 0, sample_bits: int = 16) -> np.ndarray:
     """Up to `limit` images to calibrate int8 on, from files under `source` (directories, globs)."""
     from dtrain.serve.images import ImageRejected, prepare_file
     from dtrain.serve.inspect_batch import collect_inputs
@@ -175,7 +175,7 @@ def calibration_images(source: str, size: int, limit: int, seed: int = 0) -> np.
     out = []
     for path in paths:
         try:
-            out.append(prepare_file(path, size))
+            out.append(prepare_file(path, size, sample_bits=sample_bits))
         except (ImageRejected, OSError):
             continue  # an unreadable calibration file is no reason to stop
         if len(out) == limit:
