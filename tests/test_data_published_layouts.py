@@ -102,6 +102,28 @@ def test_a_photo_kept_in_two_formats_and_an_unpaired_plain_picture_are_kept(tmp_
     assert left_out == {}
 
 
+def test_a_binary_mask_saved_as_jpeg_is_left_out_and_a_plain_photo_named_so_is_not(tmp_path):
+    """A JPEG's values count for nothing (ringing makes many), so a lossy file is a mask only
+    when a mask suffix names it after a photo and nearly all its pixels are black or white."""
+    folder = tmp_path / "crack"
+    _photo(folder / "p1.jpg", seed=1)
+    m = np.zeros((48, 64), np.uint8)
+    m[10:30, 20:26] = 255
+    Image.fromarray(m).save(folder / "p1_mask.jpg", quality=75)  # ringing around the crack's edges
+    _photo(folder / "p2.jpg", seed=2)
+    grey = np.clip(np.random.default_rng(3).normal(128, 6, (48, 64)), 0, 255).astype(np.uint8)
+    Image.fromarray(grey).save(folder / "p2_gt.jpg")  # named like a mask, but a plain grey surface
+    Image.fromarray(m).save(folder / "p3.jpg")  # black and white, but no photo called p3 to be the mask of
+
+    images, left_out = images_under(folder)
+
+    assert [p.name for p in images] == ["p1.jpg", "p2.jpg", "p2_gt.jpg", "p3.jpg"]
+    (path, why), = left_out.items()
+    assert path == str(folder / "p1_mask.jpg") and why.startswith("a mask of p1.jpg: ")
+    assert why.endswith("of its pixels black or white (a mask saved lossily)")
+    assert len(np.unique(np.asarray(Image.open(folder / "p1_mask.jpg")))) > 8  # its values alone would not say so
+
+
 def test_imagefolder_reads_sub_folders_of_a_class_and_says_what_it_left_out(tmp_path):
     root = tmp_path / "data"
     for split in ("train", "val"):

@@ -11,8 +11,10 @@ blob on black is a blowhole", and the test split's accuracy is inflated by the s
 A file is a mask when its name pairs it with another image in the same folder (the same
 stem under another extension, or that stem plus a suffix of MASK_SUFFIXES) and its pixels
 take at most MASK_LEVELS values: a photo has hundreds of grey levels, a mask one per label.
-Only paired files in a lossless format are opened (a JPEG's values say nothing), so a
-folder of photos costs one directory walk, and the magnetic tiles one small PNG each. Sub-folders named as ground truth (MASK_DIRS) are not
+Only paired files are opened, so a folder of photos costs one directory walk, and the
+magnetic tiles one small PNG each. A JPEG's values say little (compression rings a mask's
+edges into many values), so a lossy file counts only when a mask suffix names it and
+nearly all its pixels are black or white (BINARY_SHARE): a binary mask saved as JPEG. Sub-folders named as ground truth (MASK_DIRS) are not
 entered. Hidden files and folders, and macOS archive debris (`__MACOSX/`, `._name.jpg`
 resource forks, which carry an image's extension but no image), are not images.
 """
@@ -34,9 +36,14 @@ MASK_LEVELS = 8
 # image (the decoder then refuses it with its reason).
 MAX_MASK_PIXELS = 40_000_000
 ARCHIVE_DEBRIS = frozenset({"__MACOSX"})
-# Not opened as mask candidates: the photo of a pair is usually one of these, and the
-# count of values of a lossy file says nothing (its mask would have many).
+# Not counted by their values: the photo of a pair is usually one of these, and the count
+# of values of a lossy file says nothing (its mask would have many).
 LOSSY = frozenset({".jpg", ".jpeg", ".webp"})
+# A lossy file named as a mask (MASK_SUFFIXES) is one when at least this share of its
+# pixels is within DARK_OR_LIGHT of black or white: JPEG ringing at a binary mask's edges
+# stays near them, where a photo, even of a plain surface, sits in between.
+BINARY_SHARE = 0.98
+DARK_OR_LIGHT = 32
 
 
 def hidden_or_debris(name: str) -> bool:
@@ -78,7 +85,11 @@ def _masks_among(files: list[Path]) -> dict[str, str]:
         stems.setdefault(p.stem.lower(), []).append(p)
     out: dict[str, str] = {}
     for p in files:
-        if p.suffix.lower() in LOSSY:  # compression blurs a mask's edges into many values: never one here
+        if p.suffix.lower() in LOSSY:  # compression blurs a mask's edges into many values: named and binary only
+            partner = _suffix_partner(p.stem.lower(), stems)
+            share = _black_or_white(str(p), *_identity(p)) if partner is not None else None
+            if share is not None and share >= BINARY_SHARE:
+                out[str(p)] = f"a mask of {partner.name}: {share:.1%} of its pixels black or white (a mask saved lossily)"
             continue
         partner = _partner(p, stems)
         if partner is None:
@@ -97,6 +108,11 @@ def _partner(p: Path, stems: dict[str, list[Path]]) -> Path | None:
     if same:
         # Of a pair, only the file with few values is a mask; its partner is checked in turn.
         return same[0]
+    return _suffix_partner(stem, stems)
+
+
+def _suffix_partner(stem: str, stems: dict[str, list[Path]]) -> Path | None:
+    """The photo a mask suffix names: `x_mask` -> `x.*`."""
     for suffix in MASK_SUFFIXES:
         if stem.endswith(suffix) and stem[: -len(suffix)] in stems:
             return stems[stem[: -len(suffix)]][0]
@@ -127,3 +143,20 @@ def _levels(path: str, _mtime_ns: int, _size: int) -> int | None:
     except Exception:  # noqa: BLE001 - any unreadable file is simply not a mask
         return None
     return MASK_LEVELS + 1 if colours is None else len(colours)
+
+
+@functools.lru_cache(maxsize=65536)
+def _black_or_white(path: str, _mtime_ns: int, _size: int) -> float | None:
+    """The share of the file's pixels (as grey) within DARK_OR_LIGHT of 0 or 255; None when
+    it cannot be read. Keyed as _levels."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as img:
+            if img.width * img.height > MAX_MASK_PIXELS or getattr(img, "n_frames", 1) > 1:
+                return None
+            hist = img.convert("L").histogram()
+    except Exception:  # noqa: BLE001 - any unreadable file is simply not a mask
+        return None
+    total = sum(hist)
+    return (sum(hist[:DARK_OR_LIGHT]) + sum(hist[256 - DARK_OR_LIGHT:])) / total if total else None
