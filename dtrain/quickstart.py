@@ -254,7 +254,7 @@ def run_quickstart(opts: QuickstartOptions, stream: TextIO = sys.stdout) -> dict
     try:
         return _run(opts, workdir, options, state, t0, stream)
     except (KeyboardInterrupt, DtrainError):
-        if (saved := resume.load(workdir)) is not None and saved.stage not in ("recipe", "done"):
+        if resume.record_stop(workdir, time.perf_counter() - t0) is not None:
             print(f"quickstart: the run so far is kept in {workdir}: run the same command again to continue it "
                   "(--fresh starts over)", file=stream)
         raise
@@ -335,9 +335,13 @@ def _run(opts: QuickstartOptions, workdir: Path, options: dict[str, Any], state:
                               threshold_source=f"out-of-fold scores of {recipe.folds} fold models over train + val")
             save_scores(eval_dir / "oof_scores.npz", oof)
     report = {**result, **_training_figures(checkpoint, Path(cfg_dict["output_dir"]), train_time)}
+    if state.stops:
+        report["warnings"] = [*report["warnings"], f"this run was stopped {state.stops} time(s) and continued: the whole "
+                              f"quickstart's time counts every part ({state.spent_s:.0f} s before the last), not the "
+                              "pauses; the training time is the last part's"]
     report.update(
         data_time_s=t_data,
-        total_time_s=time.perf_counter() - t0,
+        total_time_s=state.spent_s + time.perf_counter() - t0,
         config=cfg_dict,
         workdir=str(workdir),
         evaluated_checkpoint=evaluated.name,

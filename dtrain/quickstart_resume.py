@@ -39,6 +39,10 @@ class RunState:
     stage: str = "recipe"
     recipe: dict[str, Any] | None = None  # with --data: what the recipe decided (quickstart.Recipe, as JSON)
     folds_done: list[int] = field(default_factory=list)
+    # Wall seconds of the earlier, stopped invocations (not the pauses between), and how
+    # many there were: the report's times then cover the whole run.
+    spent_s: float = 0.0
+    stops: int = 0
     version: int = VERSION
 
 
@@ -106,6 +110,17 @@ def continue_or_refuse(saved: RunState | None, options: dict[str, Any], fresh: b
             "run the command with its options again to continue it, add --fresh to replace it, or choose another --workdir",
         )
     return saved
+
+
+def record_stop(workdir: Path, seconds: float) -> RunState | None:
+    """Add a stopped invocation's wall time to the saved state; None if there is none to add to."""
+    state = load(workdir)
+    if state is None or state.stage in ("recipe", "done"):
+        return None
+    state.spent_s += seconds
+    state.stops += 1
+    save(workdir, state)
+    return state
 
 
 def check_images(saved: RunState, now: str, workdir: Path) -> None:

@@ -51,7 +51,8 @@ def test_interrupted_quickstart_continues_from_its_checkpoint(tmp_path, dtrain_c
     last = work / "train" / "checkpoints" / "last.pt"
     stopped_at = _epoch(last)
     assert 1 <= stopped_at < 6
-    assert resume.load(work).stage == "train"
+    stopped = resume.load(work)
+    assert stopped.stage == "train" and stopped.stops == 1 and stopped.spent_s > 0
 
     # Other options are refused, and the checkpoint is left as it was.
     before = last.stat().st_mtime_ns
@@ -66,6 +67,9 @@ def test_interrupted_quickstart_continues_from_its_checkpoint(tmp_path, dtrain_c
     assert f"resumed from {last}: epoch {stopped_at}" in again.stdout + again.stderr
     report = json.loads((work / "report.json").read_text())
     assert report["epochs"] == 6 and report["config"]["seed"] == 3
+    # The report's whole time counts the stopped part too, and says so.
+    assert report["total_time_s"] > stopped.spent_s
+    assert any(w.startswith("this run was stopped 1 time(s) and continued") for w in report["warnings"])
     assert _epoch(last) == 6 and resume.load(work).stage == "done"
     # The metrics log holds each step once: the resumed run appended after the stop.
     rows = [json.loads(line) for line in (work / "train" / "metrics.jsonl").read_text().splitlines() if line.strip()]
