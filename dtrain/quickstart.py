@@ -290,7 +290,8 @@ def _run(opts: QuickstartOptions, workdir: Path, options: dict[str, Any], state:
     t_data = time.perf_counter() - t0
 
     def advance(stage: str) -> None:
-        state.stage = stage
+        # Never back: a continued run passing its finished folds again is still past them.
+        state.stage = max(state.stage, stage, key=resume.STAGES.index)
         resume.save(workdir, state)
 
     # A fold or final run already under way continues from its checkpoint; the rest start afresh.
