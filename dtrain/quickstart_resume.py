@@ -66,6 +66,18 @@ def load(workdir: Path) -> RunState | None:
         return None
 
 
+def unreadable(workdir: Path) -> bool:
+    """A state file is there that `load` cannot use (another dtrain version's) and it does
+    not say its run finished: it may stand for an unfinished run this version cannot continue."""
+    path = Path(workdir) / STATE_FILE
+    if not path.is_file() or load(workdir) is not None:
+        return False
+    try:
+        return json.loads(path.read_text()).get("stage") != "done"
+    except (OSError, ValueError, AttributeError):
+        return True
+
+
 def save(workdir: Path, state: RunState) -> None:
     """Written whole to a temporary file, then renamed: a kill mid-write leaves the old state."""
     path = Path(workdir) / STATE_FILE
@@ -100,7 +112,14 @@ def fingerprint(data: Any) -> str:
 def continue_or_refuse(saved: RunState | None, options: dict[str, Any], fresh: bool, workdir: Path) -> RunState | None:
     """The state to continue from, or None for a fresh run. An unfinished run with other
     options is refused (DtrainError), never silently replaced: it may hold 25 minutes of training."""
-    if saved is None or saved.stage == "done" or fresh:
+    if fresh:
+        return None
+    if saved is None and unreadable(workdir):
+        raise DtrainError(
+            f"{workdir} holds a quickstart run this dtrain version cannot continue ({STATE_FILE} of another version)",
+            "add --fresh to replace it, or choose another --workdir",
+        )
+    if saved is None or saved.stage == "done":
         return None
     changed = [f"{_flag(k)} {_shown(saved.options.get(k))} (now {_shown(v)})"
                for k, v in options.items() if saved.options.get(k) != v]

@@ -128,6 +128,16 @@ def test_continue_or_refuse(tmp_path):
     assert "stopped in training" in str(err.value) and "--fresh" in str(err.value)
 
 
+def test_a_state_file_of_another_version_is_not_overwritten_silently(tmp_path):
+    same = {"seed": 0}
+    (tmp_path / resume.STATE_FILE).write_text(json.dumps({"version": 99, "stage": "train"}))
+    with pytest.raises(DtrainError, match="cannot continue"):
+        resume.continue_or_refuse(resume.load(tmp_path), same, False, tmp_path)
+    assert resume.continue_or_refuse(resume.load(tmp_path), same, True, tmp_path) is None  # --fresh
+    (tmp_path / resume.STATE_FILE).write_text(json.dumps({"version": 99, "stage": "done"}))  # finished: replaced
+    assert resume.continue_or_refuse(resume.load(tmp_path), same, False, tmp_path) is None
+
+
 def test_state_round_trip_and_torn_file(tmp_path):
     resume.save(tmp_path, _state(folds_done=[0, 2]))
     assert resume.load(tmp_path) == _state(folds_done=[0, 2])
