@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -20,8 +21,9 @@ from dtrain import quickstart_resume as resume
 from dtrain.errors import DtrainError
 
 
-def _stop_when(argv: list[str], path: Path, out: Path, timeout: float = 600) -> tuple[int, str]:
-    """Run argv in its own process group; SIGINT the group as soon as `path` exists. -> (exit code, stdout)."""
+def _stop_when(argv: list[str], path: Path, out: Path, stop=None, timeout: float = 600) -> tuple[int, str]:
+    """Run argv in its own process group; as soon as `path` exists, SIGINT the group (what
+    Ctrl-C sends) or call `stop(log so far)`. -> (exit code, stdout + stderr)."""
     with open(out, "w") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         deadline = time.monotonic() + timeout
@@ -29,7 +31,10 @@ def _stop_when(argv: list[str], path: Path, out: Path, timeout: float = 600) -> 
             assert proc.poll() is None, f"the run ended before {path} appeared:\n{out.read_text()[-3000:]}"
             assert time.monotonic() < deadline, out.read_text()[-3000:]
             time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGINT)
+        if stop is None:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            stop(out.read_text())
         rc = proc.wait(timeout=120)
     return rc, out.read_text()
 
@@ -85,9 +90,16 @@ def test_interrupted_kfold_quickstart_keeps_its_finished_folds(tmp_path, dtrain_
     assert synth.returncode == 0, synth.stderr[-2000:]
     argv = [*dtrain_cmd, "quickstart", "--data", str(data), "--workdir", str(work), "--epochs", "3", "--nproc", "1",
             "--budget-minutes", "6000", "--folds", "2"]
-    # Stopped in the second fold's training: the first fold is finished.
-    rc, said = _stop_when(argv, work / "folds" / "fold1" / "run" / "checkpoints" / "ckpt-epoch0001.pt", tmp_path / "first.log")
-    assert rc == 130, said[-3000:]
+    # Stopped in the second fold's training, by `dtrain stop` on that run's job (the other way to
+    # stop a run, from another terminal): the first fold is finished.
+    def stop_job(log: str) -> None:
+        job = re.findall(r"monitoring job (\S+):", log)[-1]  # the fold run under way
+        stopped = subprocess.run([*dtrain_cmd, "stop", job], capture_output=True, text=True, timeout=120)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+
+    rc, said = _stop_when(argv, work / "folds" / "fold1" / "run" / "checkpoints" / "ckpt-epoch0001.pt", tmp_path / "first.log",
+                          stop=stop_job)
+    assert rc == 130 and "run the same command again to continue it" in said, said[-3000:]
     state = resume.load(work)
     assert state.stage == "folds" and state.folds_done == [0] and state.recipe is not None
     first_scores = np.load(work / "folds" / "fold0" / "heldout_scores.npz")["probs"]
