@@ -41,6 +41,27 @@ def png16_of(values) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
 
 
+def tiff16_rgb(values) -> bytes:
+    """An uncompressed 16-bit RGB TIFF of a uint16 [H, W, 3] array (Pillow writes none)."""
+    import numpy as np
+
+    values = np.asarray(values, dtype="<u2")
+    height, width, _ = values.shape
+    data = values.tobytes()
+    count = 10
+    bits_at = 8 + 2 + count * 12 + 4
+    data_at = bits_at + 6
+
+    def entry(tag: int, kind: int, value: int) -> bytes:  # kind 3: SHORT, 4: LONG; one value each
+        return struct.pack("<HHIHH", tag, 3, 1, value, 0) if kind == 3 else struct.pack("<HHII", tag, 4, 1, value)
+
+    entries = [entry(256, 4, width), entry(257, 4, height), struct.pack("<HHII", 258, 3, 3, bits_at), entry(259, 3, 1),
+               entry(262, 3, 2), entry(273, 4, data_at), entry(277, 3, 3), entry(278, 4, height), entry(279, 4, len(data)),
+               entry(284, 3, 1)]
+    ifd = struct.pack("<H", count) + b"".join(entries) + struct.pack("<I", 0)
+    return b"II*\x00" + struct.pack("<I", 8) + ifd + struct.pack("<HHH", 16, 16, 16) + data
+
+
 def animated_gif(frames: int = 5, side: int = 64) -> bytes:
     """The file of issue 10: a 5-frame 64 x 64 GIF saved with Pillow's save_all."""
     from PIL import Image

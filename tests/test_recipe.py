@@ -177,6 +177,25 @@ def test_16_bit_images_that_use_fewer_bits_set_sample_bits(tmp_path, top, fmt, b
     assert brightest == top >> (bits - 8)  # 4095 -> 255: the range is used
 
 
+def test_16_bit_colour_tiff_gives_no_bits_decision(tmp_path):
+    """Pillow reads a 16-bit colour TIFF's high bytes only: no evidence of the low ones, so
+    no data.sample_bits (a decision from the high bytes would claim 4 bits)."""
+    from dtrain.data.config import DataConfig
+    from dtrain.data.decode import decode
+    from dtrain.recipe.decide import plan
+    from tests.image_fixtures import tiff16_rgb
+
+    values = np.zeros((8, 8, 3), np.uint16)
+    values[...] = (0x9A1, 0x123, 0xFFF)
+    assert decode(tiff16_rgb(values))[:, 0, 0].tolist() == [0x09, 0x01, 0x0F]  # the high bytes
+    for split in ("train", "val"):
+        for cls in ("crazing", "pitted"):
+            (tmp_path / split / cls).mkdir(parents=True)
+            (tmp_path / split / cls / "a.tif").write_bytes(tiff16_rgb(values))
+    stats = gather(DataConfig(root=str(tmp_path)))
+    assert stats.deep_bits == [] and not [d for d in plan(stats) if d.field == "data.sample_bits"]
+
+
 def test_layout_detection(synth_data, tmp_path):
     from dtrain.errors import DtrainError
     from dtrain.recipe.stats import detect_layout

@@ -264,6 +264,8 @@ def _significant_bits(path: str) -> int | None:
             top = int(img.to(torch.int32).max())  # torch has no max over uint16
         else:
             with Image.open(path) as img:
+                if not img.mode.startswith("I;16"):  # a 16-bit colour TIFF: Pillow gives only its high bytes,
+                    return None  # which say nothing of the low ones (and the decoder keeps those high bytes)
                 top = int(np.asarray(img).max())
     except (OSError, RuntimeError, ValueError):  # the training loader names unreadable files; here no evidence
         return None
