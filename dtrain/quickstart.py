@@ -246,13 +246,14 @@ def run_quickstart(opts: QuickstartOptions, stream: TextIO = sys.stdout) -> dict
     workdir.mkdir(parents=True, exist_ok=True)
     options = resume.options_of(opts)
     state = resume.continue_or_refuse(resume.load(workdir), options, opts.fresh, workdir)
-    if state is not None and state.recipe is not None:  # the user's images: the same ones, or refused
-        resume.check_images(state, resume.fingerprint(Recipe.from_json(state.recipe).data), workdir)
+    saved = Recipe.from_json(state.recipe) if state is not None and state.recipe is not None else None
+    if saved is not None:  # the user's images: the same ones, or refused
+        resume.check_images(state, resume.fingerprint(saved.data), workdir)
     if state is not None:
         print(f"resume: continuing the unfinished run in {workdir} ({resume.describe(state)}); --fresh starts over",
               file=stream)
     try:
-        return _run(opts, workdir, options, state, t0, stream)
+        return _run(opts, workdir, options, state, saved, t0, stream)
     except (KeyboardInterrupt, DtrainError):
         if resume.record_stop(workdir, time.perf_counter() - t0) is not None:
             print(f"quickstart: the run so far is kept in {workdir}: run the same command again to continue it "
@@ -260,8 +261,9 @@ def run_quickstart(opts: QuickstartOptions, stream: TextIO = sys.stdout) -> dict
         raise
 
 
-def _run(opts: QuickstartOptions, workdir: Path, options: dict[str, Any], state: Any, t0: float,
-         stream: TextIO) -> dict[str, Any]:
+def _run(opts: QuickstartOptions, workdir: Path, options: dict[str, Any], state: Any, saved: Recipe | None,
+         t0: float, stream: TextIO) -> dict[str, Any]:
+    """`state`/`saved`: the unfinished run continued and its recipe (None: a fresh run)."""
     from dtrain import quickstart_resume as resume
     from dtrain.evaluation.evaluate import evaluate
     from dtrain.evaluation.html_report import write_report
@@ -277,8 +279,8 @@ def _run(opts: QuickstartOptions, workdir: Path, options: dict[str, Any], state:
         cfg_dict = train_config(opts, data_dir, train_dir)  # the options pin the synthetic set: no fingerprint
     else:
         data_dir = Path(opts.data)
-        if state is not None and state.recipe is not None:  # its images checked by run_quickstart
-            recipe = Recipe.from_json(state.recipe)
+        if saved is not None:  # its images checked by run_quickstart
+            recipe = saved
             print(f"recipe: as decided by the unfinished run ({len(recipe.decisions)} decisions in {workdir / 'train.yaml'})",
                   file=stream)
         else:

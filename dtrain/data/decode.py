@@ -221,7 +221,7 @@ def _pil_rgb(data: bytes, header: Header, sample_bits: int = FULL_BITS) -> PILIm
 
     with Image.open(io.BytesIO(data)) as img:
         if img.mode.startswith("I;16"):  # Pillow's convert("RGB") would clip these at 255
-            shifted = np.asarray(img, dtype=np.uint16) >> min(sample_bits - 8, 8)
+            shifted = np.asarray(img, dtype=np.uint16) >> (sample_bits - 8)
             return Image.fromarray(np.minimum(shifted, 255).astype(np.uint8)).convert("RGB")
         if sample_bits < FULL_BITS and header.bytes_per_sample == 2 and header.format == "PNG":
             return _to_pil(_colour_png16(data, sample_bits))

@@ -35,6 +35,7 @@ import torch
 from torch.utils.data import Dataset
 
 from dtrain.data.config import DataConfig
+from dtrain.data.decode import FULL_BITS
 from dtrain.data.shard_cache import ShardCache
 from dtrain.data.shard_format import Manifest, decode_index, sha256_hex
 from dtrain.data.shard_verify import load_manifest, read_manifest_bytes
@@ -70,15 +71,6 @@ def coalesce(ranges: Sequence[tuple[int, int, int]], gap: int) -> list[tuple[int
     return spans
 
 
-def decode_bytes(data: bytes, sample_bits: int = 16) -> torch.Tensor:
-    """Encoded image -> uint8 [3, H, W] by the local-folder dataset's decoder, with its checks.
-    (Before, BMP and TIFF went to Pillow unchecked: no size limit before decoding, and a
-    16-bit grey TIFF clipped at 255 where the folder dataset kept its high byte.)"""
-    from dtrain.data.transforms import decode_uint8
-
-    return decode_uint8(torch.frombuffer(bytearray(data), dtype=torch.uint8), sample_bits)
-
-
 class ShardDataset(Dataset):
     def __init__(
         self,
@@ -90,7 +82,7 @@ class ShardDataset(Dataset):
         image_size: int,
         transform: Callable[[torch.Tensor], torch.Tensor] | None,
         cache: ShardCache | None,
-        sample_bits: int = 16,  # DataConfig.sample_bits
+        sample_bits: int = FULL_BITS,  # DataConfig.sample_bits
     ) -> None:
         info = manifest.splits[split]
         self.store = store
@@ -198,11 +190,12 @@ class ShardDataset(Dataset):
 
     # -- decode + augment -------------------------------------------------------------
     def _prepare(self, index: int, blob: bytes | None) -> Sample | None:
-        from dtrain.data.transforms import resize_uint8
+        from dtrain.data.transforms import decode_bytes, resize_uint8
 
         if blob is None:
             return None
         try:
+            # the local-folder dataset's decoder, with its checks, for every format
             img = resize_uint8(decode_bytes(blob, self.sample_bits), self.image_size)
         except _READ_ERRORS as exc:
             self._record_bad(index, exc)

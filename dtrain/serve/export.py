@@ -38,6 +38,7 @@ import torch
 from pydantic import Field
 
 from dtrain.configio import StrictModel
+from dtrain.data.decode import FULL_BITS
 from dtrain.errors import DtrainError
 from dtrain.serve import backends as B
 from dtrain.serve.choice import PREFER_MIN_AGREEMENT, BackendRow, MachineChoice, agreement, batch_of, pick, sample_indices, write_sample
@@ -238,7 +239,7 @@ class Deployable(torch.nn.Module):
 
 def sample_bits(meta: dict) -> int:
     """The training data's DataConfig.sample_bits (16 in checkpoints from before it existed)."""
-    return int(((meta.get("config") or {}).get("data") or {}).get("sample_bits", 16))
+    return int(((meta.get("config") or {}).get("data") or {}).get("sample_bits", FULL_BITS))
 
 
 def _own_threshold_rule(opts: ExportOptions, given: GivenThreshold | None, neg: int | None, val: ValData) -> str | None:
@@ -322,7 +323,7 @@ def _network_files(opts: ExportOptions) -> tuple[str, ...]:
 
 def _write_networks(
     opts: ExportOptions, candidates: list[str], wrapped, size: int, val: ValData, folder: Path, step: Step, may_fail: bool,
-    bits: int = 16,
+    bits: int = FULL_BITS,
 ) -> tuple[set[str], dict[str, str]]:
     """The networks written, and {network: why not} for an int8 quantisation that failed
     where `may_fail` (what `--quantize auto` tries on its own it may leave out)."""

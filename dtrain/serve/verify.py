@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from dtrain.data.decode import FULL_BITS
 from dtrain.errors import DtrainError
 from dtrain.serve.model_dir import Verification
 
@@ -165,7 +166,7 @@ def calibration_sample(images: np.ndarray, limit: int, seed: int = 0) -> np.ndar
     return np.ascontiguousarray(images[np.sort(order)])
 
 
-def calibration_images(source: str, size: int, limit: int, seed: int = 0, sample_bits: int = 16) -> np.ndarray:
+def calibration_images(source: str, size: int, limit: int, seed: int = 0, sample_bits: int = FULL_BITS) -> np.ndarray:
     """Up to `limit` images to calibrate int8 on, from files under `source` (directories, globs)."""
     from dtrain.serve.images import ImageRejected, prepare_file
     from dtrain.serve.inspect_batch import collect_inputs
