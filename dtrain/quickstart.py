@@ -147,11 +147,12 @@ def recipe_config(
     seconds_per_image: Callable[[int], float] | None = None,
 ) -> Recipe:
     """The recipe for the user's images. `seconds_per_image(side)`: the training cost per image
-    seen; default: a timed probe of this machine at the data's input side (recipe/budget.py)."""
+    seen of a square of that side; default: a timed probe of this machine at the data's input
+    side (recipe/budget.py). A rectangular input costs its pixels' share more."""
     from dtrain.data.config import DataConfig
     from dtrain.recipe import budget
     from dtrain.recipe.decide import (
-        Decision, as_config, inference_views, input_side, network, notes, plan, time_budget,
+        Decision, as_config, aspect, inference_views, input_side, network, notes, plan, time_budget, width_for,
     )
     from dtrain.recipe.folds import plan_folds
     from dtrain.recipe.stats import describe_layout, detect_layout, gather
@@ -172,6 +173,9 @@ def recipe_config(
         measured = budget.probe(as_config(network(wanted.value, wanted.value))["model"], wanted.value, len(stats.classes), opts.precision,
                                 ranks=opts.nproc or default_nproc())
         seconds_per_image = budget.scaled(measured, wanted.value)
+    ratio = aspect(stats)
+    if ratio is not None:  # the budget then weighs every side at its rectangle's pixels
+        seconds_per_image = budget.widened(seconds_per_image, lambda side: width_for(ratio, side))
     # A small set is capped at MAX_EPOCHS passes: the budget then buys pixels, not repeats. Sized
     # on the training split: under k-fold the final run's train + val is larger, never smaller.
     needed = budget.images_needed(stats.n_train)
@@ -185,7 +189,8 @@ def recipe_config(
     # Scored after training: the test split (taken as large as validation), and validation or,
     # under k-fold, every labelled image out of fold.
     n_scored = stats.n_val + (stats.n_train + stats.n_val if k else stats.n_val)
-    decisions.append(inference_views(n_scored, seconds_per_image(fit.side.value), opts.budget_minutes * 60))
+    decisions.append(inference_views(n_scored, seconds_per_image(fit.side.value), opts.budget_minutes * 60,
+                                     square=ratio is None))
     if opts.epochs:  # the command line wins; said so, like every other decision
         decisions = [d for d in decisions if d.field != "epochs"] + [Decision("epochs", opts.epochs, "--epochs")]
     else:  # asked-for epochs are not cut by the clock

@@ -39,7 +39,7 @@ class _Dies:
     """A predictor that fails on its second batch, like a run killed midway."""
 
     def __init__(self, predictor) -> None:
-        self._p, self.image_size, self.sample_bits, self.calls = predictor, predictor.image_size, predictor.sample_bits, 0
+        self._p, self.input_hw, self.sample_bits, self.calls = predictor, predictor.input_hw, predictor.sample_bits, 0
 
     def predict(self, images):
         self.calls += 1

@@ -51,9 +51,21 @@ def test_larger_pictures_never_reach_the_blocks_smaller():
     assert seen == sorted(seen)
 
 
-def test_wide_images_are_said_to_be_squashed():
-    assert "squashed" in D.input_side(_stats(aspect=2.0)).reason
-    assert "squashed" not in D.input_side(_stats(aspect=1.2)).reason
+def test_wide_images_get_a_rectangle_of_their_proportions():
+    wide = _stats(aspect=2.5)
+    side = D.input_side(wide).value
+    width = D.input_width(wide, side)
+    assert width.field == "data.image_width" and width.value == round(side * 2.5 / 32) * 32 and "2.50:1" in width.reason
+    assert "rectangle" in D.input_side(wide).reason
+    assert D.input_width(_stats(aspect=1.2), side).value is None
+    # most pictures, not a few, decide: 4 wide of 9 keep the square
+    mixed = DataStats(**{**_stats().__dict__, "aspect_ratios": [3.0] * 4 + [1.0] * 5})
+    assert D.aspect(mixed) is None and D.aspect(DataStats(**{**mixed.__dict__, "aspect_ratios": [3.0] * 5 + [1.0] * 4})) == 3.0
+    # a near-square proportion still widens by one step (a rectangle is never silently a square)
+    assert D.width_for(1.51, 64) == 96
+    cfg = validate(TrainConfig, _merged(TRAIN, D.as_config(D.plan(wide) + [D.inference_views(10, 1e-3, 1800, square=False)])),
+                   "recipe")
+    assert cfg.data.input_hw == (side, width.value) and cfg.model.views == 4
 
 
 def test_rare_classes_are_drawn_more_often_and_named_in_a_note():

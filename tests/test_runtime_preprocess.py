@@ -21,7 +21,7 @@ def _part(height: int, width: int, seed: int) -> np.ndarray:
     return np.clip(smooth + rng.integers(-20, 21, smooth.shape), 0, 255).astype(np.uint8)
 
 
-def _both(data: bytes, size: int) -> tuple[np.ndarray, np.ndarray]:
+def _both(data: bytes, size: int | tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
     from dtrain.data.transforms import preprocess_image
     from dtrain.serve.images import prepare_bytes
 
@@ -34,10 +34,15 @@ def _both(data: bytes, size: int) -> tuple[np.ndarray, np.ndarray]:
     ((97, 131), 64, 1),  # shrink, odd sizes
     ((300, 500), 224, 1),  # shrink, aspect ratio squashed
     ((64, 64), 224, 2),  # enlarge (ResNet-18 at 224 on 64 px tiles)
+    ((120, 300), (64, 160), 1),  # a rectangle into a rectangle (DataConfig.image_width)
+    ((300, 120), (64, 160), 1),  # an upright picture: turned a quarter, then shrunk
+    ((96, 96), (32, 96), 1),  # a square stretched into a rectangle
 ])
 def test_numpy_preprocessing_matches_torchvision(fmt, shape, size, tolerance):
-    runtime, torch_path = _both(encoded(Image.fromarray(_part(*shape, seed=size)), fmt, quality=90), size)
-    assert runtime.shape == torch_path.shape == (3, size, size)
+    seed = size if isinstance(size, int) else sum(size)
+    runtime, torch_path = _both(encoded(Image.fromarray(_part(*shape, seed=seed)), fmt, quality=90), size)
+    hw = (size, size) if isinstance(size, int) else size
+    assert runtime.shape == torch_path.shape == (3, *hw)
     diff = np.abs(runtime - torch_path)
     assert diff.max() <= tolerance
     assert diff.mean() < 0.1

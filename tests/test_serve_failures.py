@@ -17,7 +17,7 @@ class _Failing:
 
     def __init__(self, predictor) -> None:
         self._p = predictor
-        self.card, self.backend, self.image_size = predictor.card, predictor.backend, predictor.image_size
+        self.card, self.backend, self.input_hw = predictor.card, predictor.backend, predictor.input_hw
         self.sample_bits = predictor.sample_bits
         self.failure = None
         self.release = threading.Event()

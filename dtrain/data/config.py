@@ -25,6 +25,13 @@ class DataConfig(StrictModel):
     # log says so); any other name that is not a class is an error.
     negative_class: str | None = "ok"
     image_size: int = Field(64, ge=16, le=2048)
+    # The input's width, when it is not a square: image_size rows by image_width columns,
+    # the long side across. Long pictures (a strip camera's 1:2.5, a coil's 1:6) squashed to
+    # a square lose most of their pixels along their length, so a thin scratch across it fades;
+    # a rectangle keeps their proportions for the pixels' cost. A picture standing upright is
+    # turned a quarter first (parts have no canonical orientation: the augmentation turns them
+    # too). null: a square of image_size (dtrain/data/transforms.py: resize_uint8).
+    image_width: int | None = Field(None, ge=16, le=4096)
     num_workers: int = Field(2, ge=0)
     augment: bool = True
     # With augment: shift each training image by up to this share of its side in x and y,
@@ -70,9 +77,29 @@ class DataConfig(StrictModel):
     # here (the config is saved in every checkpoint): use the AWS environment/config.
     storage_options: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("image_width")
+    @classmethod
+    def _landscape(cls, v: int | None, info) -> int | None:
+        side = info.data.get("image_size")
+        if v is not None and side is not None and v < side:
+            raise ValueError(f"image_width {v} is under image_size {side}: the input's long side runs across "
+                             f"(upright pictures are turned a quarter); swap them, or set image_width: null for a square")
+        return None if v == side else v
+
+    @property
+    def input_hw(self) -> tuple[int, int]:
+        """The network input's (rows, columns)."""
+        return input_hw(self.image_size, self.image_width)
+
     @field_validator("split_fractions")
     @classmethod
     def _shares(cls, v: tuple[float, float, float]) -> tuple[float, float, float]:
         if min(v) < 0 or v[0] <= 0 or abs(sum(v) - 1) > 1e-6:
             raise ValueError("train, val and test shares must be >= 0 (train > 0) and sum to 1, e.g. [0.6, 0.2, 0.2]")
         return v
+
+
+def input_hw(image_size: int, image_width: int | None = None) -> tuple[int, int]:
+    """(rows, columns) of the input for DataConfig's two fields (also a checkpoint's meta,
+    where models from before image_width have none: a square)."""
+    return int(image_size), int(image_width or image_size)

@@ -41,7 +41,7 @@ class InspectionDataset(Dataset):
         targets: Sequence[int],
         classes: Sequence[str],
         negative_index: int | None,  # None: no defect-free class (a classification task)
-        image_size: int,
+        image_size: int | tuple[int, int],  # a square's side or (rows, columns): DataConfig.input_hw
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
         cache_decoded: bool = False,
         sample_bits: int = FULL_BITS,  # DataConfig.sample_bits
@@ -114,7 +114,8 @@ class InspectionDataset(Dataset):
 
     def _fill_cache(self) -> None:
         n, s = len(self.paths), self.image_size
-        cache = torch.empty((n, 3, s, s), dtype=torch.uint8)
+        h, w = (s, s) if isinstance(s, int) else s
+        cache = torch.empty((n, 3, h, w), dtype=torch.uint8)
         ok = torch.zeros(n, dtype=torch.bool)
 
         def one(i: int) -> None:
@@ -151,7 +152,7 @@ def open_split(cfg: DataConfig, split: str, *, train: bool) -> Dataset:
         listing.targets,
         listing.classes,
         listing.negative_index,
-        cfg.image_size,
+        cfg.input_hw,
         transform=train_augmentation(cfg.shift) if (train and cfg.augment) else None,
         cache_decoded=cfg.cache_decoded,
         sample_bits=cfg.sample_bits,

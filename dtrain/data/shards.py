@@ -79,7 +79,7 @@ class ShardDataset(Dataset):
         split: str,
         rows,  # numpy int64 [N, 4]: shard, offset, size, label
         paths: list[str],
-        image_size: int,
+        image_size: int | tuple[int, int],  # a square's side or (rows, columns): DataConfig.input_hw
         transform: Callable[[torch.Tensor], torch.Tensor] | None,
         cache: ShardCache | None,
         sample_bits: int = FULL_BITS,  # DataConfig.sample_bits
@@ -257,7 +257,7 @@ def open_shard_split(cfg: DataConfig, split: str, *, train: bool) -> ShardDatase
         split,
         rows,
         paths,
-        cfg.image_size,
+        cfg.input_hw,
         transform=train_augmentation(cfg.shift) if (train and cfg.augment) else None,
         cache=cache,
         sample_bits=cfg.sample_bits,

@@ -4,9 +4,10 @@ Images travel as uint8 tensors [3, S, S] from disk to the training device: they 
 4x smaller than float32 in worker-to-main transfers and pinned copies, and the float
 conversion + normalisation (`normalize_batch`) runs once per batch on the device.
 
-The one resize rule (`resize_uint8`: squash to S x S, antialiased) is used by the
-datasets and by `preprocess_image`, so a served model sees exactly what it was trained
-on. Squashing instead of cropping keeps a defect near the border in the picture.
+The one resize rule (`resize_uint8`: squash to S x S, or to H x W with the long side
+across, antialiased) is used by the datasets and by `preprocess_image`, so a served model
+sees exactly what it was trained on. Squashing instead of cropping keeps a defect near the
+border in the picture.
 """
 
 from __future__ import annotations
@@ -44,16 +45,26 @@ def read_image(path: str | Path, sample_bits: int = FULL_BITS) -> torch.Tensor:
     return decode(Path(path).read_bytes(), sample_bits=sample_bits)
 
 
-def resize_uint8(img: torch.Tensor, size: int) -> torch.Tensor:
-    if img.shape[-2:] == (size, size):
+Size = int | tuple[int, int]  # a square's side, or (rows, columns): DataConfig.input_hw
+
+
+def resize_uint8(img: torch.Tensor, size: Size) -> torch.Tensor:
+    """uint8 [C, h, w] -> [C, H, W] for `size` (H, W) or a square side. Into a wide input
+    (W > H) a picture standing upright (h > w) is first turned a quarter, counter-clockwise
+    (as PIL's ROTATE_90: the runtime's dtrain.serve.images.resize does the same), so the
+    long sides meet instead of being squashed across."""
+    h, w = (size, size) if isinstance(size, int) else size
+    if w > h and img.shape[-2] > img.shape[-1]:
+        img = torch.rot90(img, 1, dims=(-2, -1))
+    if tuple(img.shape[-2:]) == (h, w):
         return img
-    return F.resize(img, [size, size], antialias=True)
+    return F.resize(img, [h, w], antialias=True)
 
 
-def preprocess_image(image: Any, size: int, sample_bits: int = FULL_BITS) -> torch.Tensor:
+def preprocess_image(image: Any, size: Size, sample_bits: int = FULL_BITS) -> torch.Tensor:
     """PIL image, array/tensor (HWC or CHW, grey or RGB), encoded bytes or a path ->
-    uint8 [3, size, size], prepared exactly like the training images (minus augmentation);
-    `sample_bits` applies to encoded 16-bit images."""
+    uint8 [3, H, W] (`size`: a side or (H, W)), prepared exactly like the training images
+    (minus augmentation); `sample_bits` applies to encoded 16-bit images."""
     if isinstance(image, (str, Path)):
         img = read_image(image, sample_bits)
     elif isinstance(image, (bytes, bytearray, memoryview)):
@@ -109,7 +120,9 @@ class InspectionAugment(v2.Transform):
 
     - geometry: a uniformly random element of the square's symmetry group (rotation by
       k * 90 degrees, optionally mirrored). Parts have no canonical orientation, and
-      unlike free rotation or crops it needs no interpolation and never cuts a defect off;
+      unlike free rotation or crops it needs no interpolation and never cuts a defect off.
+      A picture that is not square gets the rectangle's (flips and the half turn): a
+      quarter turn would change its shape, and a batch holds one shape;
     - brightness and contrast factors in [1 - b, 1 + b] and [1 - c, 1 + c], contrast
       around the mean grey level (as v2.ColorJitter, within 2 grey levels). Hue and
       saturation stay untouched: a stain keeps its colour;
@@ -149,8 +162,9 @@ class InspectionAugment(v2.Transform):
 
     def transform(self, inpt: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
         img = inpt.flip(-1) if params["flip"] else inpt
-        if params["k"]:
-            img = torch.rot90(img, params["k"], dims=(-2, -1))
+        k = params["k"] if inpt.shape[-2] == inpt.shape[-1] else params["k"] & 2  # odd turns -> none or a half
+        if k:
+            img = torch.rot90(img, k, dims=(-2, -1))
         fb, fc = params["fb"], params["fc"]
         x = img.to(torch.float32)
         grey = sum(w * m for w, m in zip(self._GREY, x.mean(dim=(-2, -1)).tolist()))

@@ -233,6 +233,7 @@ def evaluate(
     result["checkpoint"] = str(checkpoint)
     result["data_root"] = cfg.root
     result["image_size"] = int(meta["image_size"])
+    result["image_width"] = meta.get("image_width")  # None: a square
     # What trained the model (precision, device, processor, world size, seed, torch) and
     # where this evaluation ran (always fp32: predict_split uses no autocast).
     result["run"] = meta.get("run")
@@ -254,9 +255,10 @@ def _data_config(data: Any, meta: dict[str, Any]):
     """A DataConfig for evaluation: the training run's settings, the given root, the model's image size."""
     from dtrain.configio import validate
     from dtrain.data.config import DataConfig
+    from dtrain.train.checkpoint import input_fields
 
     if isinstance(data, DataConfig):
-        cfg = data.model_copy(update={"image_size": int(meta["image_size"])})
+        cfg = data.model_copy(update=input_fields(meta))
     else:
         base = dict((meta.get("config") or {}).get("data") or {})
         if not base.get("val_split", "val") and str(data) != base.get("root"):
@@ -266,7 +268,7 @@ def _data_config(data: Any, meta: dict[str, Any]):
             from dtrain.recipe.stats import detect_layout
 
             base.update(detect_layout(Path(data)), val_split="", val_from_train=0.0)
-        base.update(root=str(data), image_size=int(meta["image_size"]))
+        base.update(root=str(data), **input_fields(meta))
         cfg = validate(DataConfig, base, "the checkpoint's data config")
     return cfg
 

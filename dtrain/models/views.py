@@ -33,9 +33,13 @@ def _check(n: int) -> None:
 
 
 def views(x: torch.Tensor, n: int) -> list[torch.Tensor]:
-    """The first `n` of the square's 8 symmetries of a [B, C, H, W] batch (H == W): identity,
-    left-right flip, up-down flip, half turn, then the same four of the transposed image."""
+    """The first `n` of the square's 8 symmetries of a [B, C, H, W] batch: identity,
+    left-right flip, up-down flip, half turn, then the same four of the transposed image.
+    A rectangle (H != W, DataConfig.image_width) has only the first 4: a transpose would
+    change its shape (TrainConfig refuses more views for one)."""
     _check(n)
+    if n > 4 and x.shape[2] != x.shape[3]:
+        raise ValueError(f"{n} views need a square input, got {x.shape[2]} x {x.shape[3]}: at most 4 for a rectangle")
     t = x.transpose(2, 3)
     out = [x, x.flip(3), x.flip(2), x.flip(2, 3), t, t.flip(3), t.flip(2), t.flip(2, 3)]
     return out[:n]

@@ -313,3 +313,9 @@ def _timed_steps(model_cfg: dict, side: int, n_classes: int, precision: str, bat
 def scaled(measured: float, at: int) -> Callable[[int], float]:
     """Cost per image at any side from one measurement at side `at` (pixels: side squared)."""
     return lambda side: measured * (side / at) ** 2
+
+
+def widened(square: Callable[[int], float], width: Callable[[int], int]) -> Callable[[int], float]:
+    """Cost per image of a rectangle `side` x width(side) from a square's cost at that side
+    (pixels again: a fully convolutional network's work grows with their number)."""
+    return lambda side: square(side) * width(side) / side

@@ -53,6 +53,11 @@ BATCH_SIZE = 32  # per rank, as the quickstart: keeps one CPU thread per rank bu
 # defect moves by many of its own widths, and at most the picture's outer eighth leaves
 # it on one side.
 SHIFT = 0.125
+# Pictures longer than this (long side / short side) are wide: when most of the sampled ones
+# are, the input is a rectangle of their median proportions (data.image_width). Below it a
+# square costs a long side at most a third of its pixels, and a set of near-squares shot at
+# slightly different crops keeps one shape for all of them.
+WIDE = 1.5
 # Views per image at inference (dtrain/models/views.py): all 8 of the augmentation's
 # symmetries while scoring what the recipe predicts (validation, test, out-of-fold) stays
 # within this share of the budget, else 4, 2 or 1. A forward pass costs about a third of a
@@ -93,10 +98,41 @@ def input_side(stats: DataStats) -> Decision:
         side = min(native // SIDE_STEP * SIDE_STEP, 2 * blocks)
         why += (f"; that is what the blocks see: the stem's stride (below) halves its input, so the input is taken "
                 f"at {side} px, the pictures' own pixels")
-    wide = sum(r > 1.5 for r in stats.aspect_ratios) / len(stats.aspect_ratios)
-    if wide > 0.5:
-        why += f"; {wide:.0%} of the images are over 1.5:1 and are squashed to a square"
+    if aspect(stats) is not None:
+        why += " (the shorter side of a rectangle, data.image_width below)"
     return Decision("data.image_size", side, why)
+
+
+def aspect(stats: DataStats) -> float | None:
+    """The median proportions (long / short side) of the sampled pictures when most are over
+    WIDE; None: they are squares or near enough."""
+    ratios = sorted(stats.aspect_ratios)
+    if not ratios or sum(r > WIDE for r in ratios) * 2 <= len(ratios):
+        return None
+    return ratios[len(ratios) // 2]
+
+
+def width_for(ratio: float | None, side: int) -> int | None:
+    """data.image_width for an input `side` px high at proportions `ratio`: a multiple of
+    SIDE_STEP (like the side, for exact halvings); None: a square."""
+    if ratio is None:
+        return None
+    return max(side + SIDE_STEP, round(side * ratio / SIDE_STEP) * SIDE_STEP)
+
+
+def input_width(stats: DataStats, side: int) -> Decision:
+    ratio = aspect(stats)
+    if ratio is None:
+        wide = sum(r > WIDE for r in stats.aspect_ratios)
+        return Decision("data.image_width", None, "the pictures are squares or near enough "
+                        f"({wide} of {len(stats.aspect_ratios)} sampled are over {WIDE}:1): a square input")
+    width = width_for(ratio, side)
+    return Decision(
+        "data.image_width", width,
+        f"most sampled pictures are over {WIDE}:1 (median {ratio:.2f}:1): the input is {side} x {width} px, their "
+        f"proportions, the long side across (an upright picture is turned a quarter); squashed into a square they would "
+        f"lose {1 - 1 / ratio:.0%} of their pixels along the long side, and a thin defect across it would fade",
+    )
 
 
 def architecture(side: int, strided: bool = False) -> Decision:
@@ -259,12 +295,13 @@ def mixup(stats: DataStats) -> Decision:
     )
 
 
-def inference_views(n_scored: int, seconds_per_image: float, budget_s: float) -> Decision:
+def inference_views(n_scored: int, seconds_per_image: float, budget_s: float, square: bool = True) -> Decision:
     """`n_scored`: images the recipe predicts after training; `seconds_per_image`: training
-    cost per image at the chosen side (recipe/budget.py's probe)."""
+    cost per image at the chosen side (recipe/budget.py's probe); `square`: False for a
+    rectangular input, which has 4 symmetries (a quarter turn changes its shape)."""
     allowed = VIEWS_SHARE * budget_s
     cost = lambda n: n_scored * n * seconds_per_image * FORWARD_COST  # noqa: E731
-    n = next((v for v in (8, 4, 2) if cost(v) <= allowed), 1)
+    n = next((v for v in (8, 4, 2) if cost(v) <= allowed and (square or v <= 4)), 1)
     if n == 1:
         return Decision("model.views", 1, f"one view per image: scoring {n_scored} images on 2 views would take "
                                           f"~{cost(2):.0f} s, over {VIEWS_SHARE:.0%} of the budget")
@@ -277,12 +314,13 @@ def inference_views(n_scored: int, seconds_per_image: float, budget_s: float) ->
     return Decision("model.views", n, why)
 
 
-def cache(n_train: int, side: int) -> Decision:
-    need = n_train * 3 * side * side
+def cache(n_train: int, side: int, width: int | None = None) -> Decision:
+    need = n_train * 3 * side * (width or side)
     fits = need <= CACHE_BYTES
+    size = f"{side} x {width} px" if width else f"{side} px"
     return Decision(
         "data.cache_decoded", fits,
-        f"the decoded training set is {need / 2**20:.0f} MiB at {side} px "
+        f"the decoded training set is {need / 2**20:.0f} MiB at {size} "
         + ("(within 1 GiB per process): decode once instead of every epoch" if fits else "(over 1 GiB per process): decode per epoch"),
     )
 
@@ -296,9 +334,11 @@ def plan(
     (train + val under k-fold); `kfold`: the threshold comes from out-of-fold scores."""
     wanted = input_side(stats)
     side = side or wanted
+    width = input_width(stats, side.value)
     n = n_train or stats.n_train
     return [
-        negative_class(stats), *sample_bits(stats), side, *network(side.value, wanted.value), cache(n, side.value),
+        negative_class(stats), *sample_bits(stats), side, width, *network(side.value, wanted.value),
+        cache(n, side.value, width.value),
         *augmentation(stats), mixup(stats), *sampling(stats), epochs(n, images_seen, budget), *validation(stats, kfold),
         Decision("batch_size", BATCH_SIZE, "per process; keeps one CPU thread per rank busy"),
     ]

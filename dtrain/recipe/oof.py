@@ -112,7 +112,9 @@ def predict_held_out(checkpoint: Path, fold_dir: Path) -> Predictions:
     from dtrain.train.checkpoint import load_for_inference
 
     model, meta = load_for_inference(str(checkpoint), map_location="cpu")
-    cfg = DataConfig(root=str(fold_dir), image_size=int(meta["image_size"]), val_split="", test_split="",
+    from dtrain.train.checkpoint import input_fields
+
+    cfg = DataConfig(root=str(fold_dir), **input_fields(meta), val_split="", test_split="",
                      negative_class=meta["negative_class"])
     ds = open_split(cfg, HELD_OUT, train=False)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -159,7 +159,7 @@ def create_app(predictor, limits: ServeLimits | None = None) -> FastAPI:
         blobs = [(f.filename or f"image{i}", await f.read()) for i, f in enumerate(files)]
         try:
             async with asyncio.timeout(limits.request_timeout_s):
-                images = await run_in_threadpool(_prepare_all, blobs, predictor.image_size, limits, budget,
+                images = await run_in_threadpool(_prepare_all, blobs, predictor.input_hw, limits, budget,
                                                   predictor.sample_bits)
                 results = await batcher.submit_many(images)
         except TimeoutError:
@@ -187,7 +187,7 @@ def create_app(predictor, limits: ServeLimits | None = None) -> FastAPI:
     return app
 
 
-def _prepare_all(blobs: list[tuple[str, bytes]], size: int, limits: ServeLimits, budget: DecodeBudget, sample_bits: int):
+def _prepare_all(blobs: list[tuple[str, bytes]], size: tuple[int, int], limits: ServeLimits, budget: DecodeBudget, sample_bits: int):
     out = []
     for name, data in blobs:
         try:

@@ -105,14 +105,14 @@ class ExportOptions(StrictModel):
 def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
     from dtrain import __version__
     from dtrain.evaluation.metrics import choose_threshold, miss_rate, p_defect
-    from dtrain.train.checkpoint import load_for_inference
+    from dtrain.train.checkpoint import input_hw, load_for_inference, sample_bits
 
     out = Path(opts.out)
     check_replaceable(out)  # before a minute of work, not after
     step("loading the checkpoint")
     model, meta = load_for_inference(opts.checkpoint)
     classes, negative = list(meta["classes"]), meta["negative_class"]
-    size = int(meta["image_size"])
+    size = input_hw(meta)
     given = _given_threshold(opts, meta)
     target = _target_miss_rate(opts, given)
     kind = machine_kind()
@@ -198,8 +198,8 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
             dtrain_version=__version__,
             arch=meta["config"]["model"]["arch"],
             checkpoint=str(Path(opts.checkpoint).resolve()),
-            preprocessing=Preprocessing(image_size=size, mean=list(meta["mean"]), std=list(meta["std"]),
-                                        sample_bits=sample_bits(meta)),
+            preprocessing=Preprocessing(image_size=size[0], image_width=meta.get("image_width"), mean=list(meta["mean"]),
+                                        std=list(meta["std"]), sample_bits=sample_bits(meta)),
             views=int(meta["config"]["model"].get("views", 1)),
             classes=classes,
             negative_class=negative,
@@ -235,11 +235,6 @@ class Deployable(torch.nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.net((images.float() - self.shift) * self.scale)
-
-
-def sample_bits(meta: dict) -> int:
-    """The training data's DataConfig.sample_bits (16 in checkpoints from before it existed)."""
-    return int(((meta.get("config") or {}).get("data") or {}).get("sample_bits", FULL_BITS))
 
 
 def _own_threshold_rule(opts: ExportOptions, given: GivenThreshold | None, neg: int | None, val: ValData) -> str | None:
@@ -322,7 +317,7 @@ def _network_files(opts: ExportOptions) -> tuple[str, ...]:
 
 
 def _write_networks(
-    opts: ExportOptions, candidates: list[str], wrapped, size: int, val: ValData, folder: Path, step: Step, may_fail: bool,
+    opts: ExportOptions, candidates: list[str], wrapped, size: tuple[int, int], val: ValData, folder: Path, step: Step, may_fail: bool,
     bits: int = FULL_BITS,
 ) -> tuple[set[str], dict[str, str]]:
     """The networks written, and {network: why not} for an int8 quantisation that failed

@@ -46,6 +46,7 @@ def from_report(path: Path, checkpoint: Path, meta: dict[str, Any]) -> GivenThre
         ("classes", report.get("classes"), list(meta["classes"])),
         ("negative class", report.get("negative_class"), meta["negative_class"]),
         ("image size", report.get("image_size", meta["image_size"]), int(meta["image_size"])),
+        ("image width", report.get("image_width"), meta.get("image_width")),
         ("architecture", ((report.get("config") or {}).get("model") or {}).get("arch", _arch(meta)), _arch(meta)),
     ]
     for what, theirs, ours in theirs_ours:

@@ -77,11 +77,11 @@ class DecodeBudget:
                 self._changed.notify_all()
 
 
-def prepare_bytes(data: bytes, size: int, max_pixels: int = DEFAULT_MAX_PIXELS,
+def prepare_bytes(data: bytes, size: int | tuple[int, int], max_pixels: int = DEFAULT_MAX_PIXELS,
                   max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES, budget: DecodeBudget | None = None,
                   sample_bits: int = FULL_BITS) -> np.ndarray:
-    """Encoded image -> uint8 [3, size, size]; raises ImageRejected. `sample_bits`: the model
-    card's (Preprocessing.sample_bits)."""
+    """Encoded image -> uint8 [3, H, W] (`size`: a side or (H, W)); raises ImageRejected.
+    `sample_bits`: the model card's (Preprocessing.sample_bits)."""
     return decode_checked(data, max_pixels, max_decode_bytes, budget, then=lambda img: resize(img, size),
                           sample_bits=sample_bits)
 
@@ -98,15 +98,20 @@ def decode_checked(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, max_decode
         raise ImageRejected(413 if exc.too_large else 422, exc.message) from None
 
 
-def resize(img, size: int) -> np.ndarray:
-    """RGB Pillow image -> uint8 [3, size, size] (a view of an HWC array: np.stack copies it once)."""
+def resize(img, size: int | tuple[int, int]) -> np.ndarray:
+    """RGB Pillow image -> uint8 [3, H, W] for `size` (H, W) or a square side (a view of an
+    HWC array: np.stack copies it once). Into a wide input an upright picture is turned a
+    quarter counter-clockwise first, as in training (dtrain.data.transforms.resize_uint8)."""
     from PIL import Image
 
-    if img.size != (size, size):
-        img = img.resize((size, size), Image.Resampling.BILINEAR)
+    h, w = (size, size) if isinstance(size, int) else size
+    if w > h and img.height > img.width:
+        img = img.transpose(Image.Transpose.ROTATE_90)
+    if img.size != (w, h):
+        img = img.resize((w, h), Image.Resampling.BILINEAR)
     return np.asarray(img).transpose(2, 0, 1)
 
 
-def prepare_file(path: str | Path, size: int, max_pixels: int = DEFAULT_MAX_PIXELS,
+def prepare_file(path: str | Path, size: int | tuple[int, int], max_pixels: int = DEFAULT_MAX_PIXELS,
                  max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES, sample_bits: int = FULL_BITS) -> np.ndarray:
     return prepare_bytes(Path(path).read_bytes(), size, max_pixels, max_decode_bytes, sample_bits=sample_bits)

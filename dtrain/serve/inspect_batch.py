@@ -149,8 +149,9 @@ class _Prepared:
     resize_s: float
 
 
-def _prepare(paths: list[Path], size: int, max_pixels: int, clock: Callable[[], float], sample_bits: int) -> _Prepared:
-    images = np.empty((len(paths), 3, size, size), dtype=np.uint8)
+def _prepare(paths: list[Path], size: tuple[int, int], max_pixels: int, clock: Callable[[], float],
+             sample_bits: int) -> _Prepared:
+    images = np.empty((len(paths), 3, *size), dtype=np.uint8)
     good: list[int] = []
     errors: dict[int, str] = {}
     decode_s = resize_s = 0.0
@@ -187,7 +188,7 @@ def inspect_paths(
     """Verdict rows in input order; `progress(n)` after each batch of n images (its rows
     all yielded); time per stage added to `stages`."""
     stages = stages if stages is not None else Stages()
-    size = predictor.image_size
+    size = predictor.input_hw
     chunks = iter([paths[i : i + batch] for i in range(0, len(paths), batch)])
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dtrain-decode") as pool:
         # One batch per worker being prepared and one ready: inference never waits while

@@ -31,15 +31,23 @@ FORMAT_VERSION = 1
 
 class Preprocessing(StrictModel):
     image_size: int
+    # Columns, where the input is a rectangle (DataConfig.image_width); null (and cards
+    # from before it): a square of image_size.
+    image_width: int | None = Field(None, ge=1)
     colour: str = "RGB"
-    # The networks take uint8 [B, 3, S, S] and normalise inside; mean/std (0..1 units)
+    # The networks take uint8 [B, 3, H, W] and normalise inside; mean/std (0..1 units)
     # are recorded for anyone who feeds the weights some other way.
-    input: str = "uint8 [B, 3, S, S], RGB, 0..255, squashed (not cropped) to S x S, antialiased"
+    input: str = ("uint8 [B, 3, H, W] (H = image_size, W = image_width or H), RGB, 0..255, squashed (not cropped) to "
+                  "H x W, antialiased; into a wide input (W > H) an upright picture is first turned a quarter counter-clockwise")
     mean: list[float]
     std: list[float]
     # DataConfig.sample_bits of the training data: 16-bit samples are shifted down by
     # sample_bits - 8 before anything else, as in training (cards without it: 16, the high byte).
     sample_bits: int = Field(16, ge=8, le=16)
+
+    @property
+    def input_hw(self) -> tuple[int, int]:
+        return self.image_size, self.image_width or self.image_size
 
 
 class Verification(StrictModel):

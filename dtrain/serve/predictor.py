@@ -71,6 +71,7 @@ class Predictor:
             raise DtrainError(f"backend {self.backend!r} cannot run here: {reason}", f"use one of {', '.join(self.card.backends)}")
         self._run: Runner = impl.load(self.dir / self.card.backends[self.backend])
         self.image_size = self.card.preprocessing.image_size
+        self.input_hw = self.card.preprocessing.input_hw  # (rows, columns) every image is prepared to
         self.sample_bits = self.card.preprocessing.sample_bits
         self.threshold = self.card.threshold_for(self.backend)  # a quantised backend's own (export.py)
 

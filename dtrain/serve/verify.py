@@ -45,7 +45,9 @@ def data_config(root: str | None, meta: dict[str, Any]):
     base = dict((meta.get("config") or {}).get("data") or {})
     if root is not None:
         base["root"] = str(root)
-    base["image_size"] = int(meta["image_size"])
+    from dtrain.train.checkpoint import input_fields
+
+    base.update(input_fields(meta))
     cfg = validate(DataConfig, base, "the checkpoint's data config")
     if "://" not in cfg.root and not Path(cfg.root).is_dir():
         raise DtrainError(f"data directory not found: {cfg.root}",
@@ -166,8 +168,9 @@ def calibration_sample(images: np.ndarray, limit: int, seed: int = 0) -> np.ndar
     return np.ascontiguousarray(images[np.sort(order)])
 
 
-def calibration_images(source: str, size: int, limit: int, seed: int = 0, sample_bits: int = FULL_BITS) -> np.ndarray:
-    """Up to `limit` images to calibrate int8 on, from files under `source` (directories, globs)."""
+def calibration_images(source: str, size: tuple[int, int], limit: int, seed: int = 0, sample_bits: int = FULL_BITS) -> np.ndarray:
+    """Up to `limit` images to calibrate int8 on, from files under `source` (directories, globs);
+    `size`: the input's (rows, columns)."""
     from dtrain.serve.images import ImageRejected, prepare_file
     from dtrain.serve.inspect_batch import collect_inputs
 
@@ -181,4 +184,4 @@ def calibration_images(source: str, size: int, limit: int, seed: int = 0, sample
             continue  # an unreadable calibration file is no reason to stop
         if len(out) == limit:
             break
-    return np.stack(out) if out else np.zeros((0, 3, size, size), np.uint8)
+    return np.stack(out) if out else np.zeros((0, 3, *size), np.uint8)

@@ -174,4 +174,26 @@ def load_for_inference(path: str | Path, map_location: str | torch.device = "cpu
     meta = {k: ckpt[k] for k in ("classes", "negative_class", "image_size", "mean", "std", "config")}
     # "run": what trained it (dtrain.train.facts); absent in checkpoints before it existed.
     meta.update(epoch=ckpt["epoch"], step=ckpt["step"], run=ckpt.get("run"))
+    meta["image_width"] = ckpt.get("image_width")  # absent before inputs could be rectangles: a square
     return model, meta
+
+
+def input_fields(meta: dict) -> dict:
+    """The DataConfig fields that say how a loaded checkpoint's input is prepared
+    (load_for_inference's meta): its size and the training data's sample_bits."""
+    return {"image_size": int(meta["image_size"]), "image_width": meta.get("image_width"),
+            "sample_bits": sample_bits(meta)}
+
+
+def sample_bits(meta: dict) -> int:
+    """The training data's DataConfig.sample_bits (16 in checkpoints from before it existed)."""
+    from dtrain.data.decode import FULL_BITS
+
+    return int(((meta.get("config") or {}).get("data") or {}).get("sample_bits", FULL_BITS))
+
+
+def input_hw(meta: dict) -> tuple[int, int]:
+    """(rows, columns) of a loaded checkpoint's input (load_for_inference's meta)."""
+    from dtrain.data.config import input_hw as hw
+
+    return hw(meta["image_size"], meta.get("image_width"))

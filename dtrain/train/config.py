@@ -80,4 +80,9 @@ class TrainConfig(StrictModel):
         if self.model.views > 1 and not self.data.augment:
             raise ValueError(f"model.views {self.model.views} needs data.augment: true (the training augmentation draws "
                              "the flips and quarter turns the views average over); set model.views: 1 otherwise")
+        h, w = self.data.input_hw
+        if self.model.views > 4 and h != w:
+            raise ValueError(f"model.views {self.model.views} needs a square input, but it is {h} x {w} px "
+                             "(data.image_width): a quarter turn would change its shape; set model.views: 4 (flips and "
+                             "the half turn) or fewer")
         return self

@@ -317,8 +317,8 @@ class _Trainer:
         step's averaged gradient is the other ranks' share. The stand-in (one blank
         image) runs in eval mode so that BatchNorm neither fails on it nor learns it.
         """
-        size, dev = self.cfg.data.image_size, self.ctx.device
-        blank = normalize_batch(torch.zeros((1, 3, size, size), dtype=torch.uint8, device=dev), self.cfg.channels_last)
+        (h, w), dev = self.cfg.data.input_hw, self.ctx.device
+        blank = normalize_batch(torch.zeros((1, 3, h, w), dtype=torch.uint8, device=dev), self.cfg.channels_last)
         state.model.eval()
         try:
             with self.precision.autocast(dev):
@@ -390,6 +390,7 @@ class _Trainer:
                 "classes": self.data.classes,
                 "negative_class": None if self.data.negative_index is None else self.data.classes[self.data.negative_index],
                 "image_size": self.cfg.data.image_size,
+                "image_width": self.cfg.data.image_width,  # None: a square
                 "mean": list(MEAN),
                 "std": list(STD),
                 "world_size": self.ctx.world_size,
