@@ -147,8 +147,8 @@ def recipe_config(
     seconds_per_image: Callable[[int], float] | None = None,
 ) -> Recipe:
     """The recipe for the user's images. `seconds_per_image(side)`: the training cost per image
-    seen of a square of that side; default: a timed probe of this machine at the data's input
-    side (recipe/budget.py). A rectangular input costs its pixels' share more."""
+    seen at an input of that side (a rectangle's shorter one, data.image_width); default: a
+    timed probe of this machine at the data's input (recipe/budget.py)."""
     from dtrain.data.config import DataConfig
     from dtrain.recipe import budget
     from dtrain.recipe.decide import (
@@ -166,16 +166,17 @@ def recipe_config(
     val_defective = sum(v for c, v in stats.val_counts.items() if c != stats.negative_class)
     folds = plan_folds(val_defective, labelled, stats.negative_class, opts.target_miss_rate)
     wanted = input_side(stats)
+    ratio = aspect(stats)
     if seconds_per_image is None:
         from dtrain.train.launch import default_nproc
 
-        print(f"recipe: timing a few training steps at {wanted.value} px for the budget", file=stream)
-        measured = budget.probe(as_config(network(wanted.value, wanted.value))["model"], wanted.value, len(stats.classes), opts.precision,
-                                ranks=opts.nproc or default_nproc())
-        seconds_per_image = budget.scaled(measured, wanted.value)
-    ratio = aspect(stats)
-    if ratio is not None:  # the budget then weighs every side at its rectangle's pixels
-        seconds_per_image = budget.widened(seconds_per_image, lambda side: width_for(ratio, side))
+        # A rectangle is probed as it trains; the budget then weighs every side at its rectangle's pixels.
+        cols = None if ratio is None else (lambda side: width_for(ratio, side))
+        shape = f"{wanted.value} px" if cols is None else f"{wanted.value} x {cols(wanted.value)} px"
+        print(f"recipe: timing a few training steps at {shape} for the budget", file=stream)
+        measured = budget.probe(as_config(network(wanted.value, wanted.value))["model"], wanted.value, len(stats.classes),
+                                opts.precision, ranks=opts.nproc or default_nproc(), width=cols and cols(wanted.value))
+        seconds_per_image = budget.scaled(measured, wanted.value, cols)
     # A small set is capped at MAX_EPOCHS passes: the budget then buys pixels, not repeats. Sized
     # on the training split: under k-fold the final run's train + val is larger, never smaller.
     needed = budget.images_needed(stats.n_train)

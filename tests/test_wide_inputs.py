@@ -109,10 +109,14 @@ def test_the_config_refuses_a_tall_input_and_eight_views_of_a_rectangle():
 
 
 def test_the_budget_prices_a_rectangle_by_its_pixels():
-    from dtrain.recipe.budget import scaled, widened
+    from dtrain.recipe.budget import probe, probe_batch, scaled
 
-    cost = widened(scaled(1e-3, 64), lambda side: 3 * side)
+    cost = scaled(3e-3, 64, lambda side: 3 * side)  # probed at 64 x 192
     assert cost(64) == pytest.approx(3e-3) and cost(128) == pytest.approx(12e-3)
+    assert scaled(1e-3, 64)(128) == pytest.approx(4e-3)  # a square, as before
+    assert probe_batch(320, 960) < probe_batch(320) == 16  # the probe's pixels per step stay capped
+    net = {"arch": "small_resnet", "pool": "avgmax", "input_norm": "per_image"}
+    assert 0 < probe(net, 32, 3, precision="fp32", ranks=1, batch=4, width=96) < 5
 
 
 @pytest.mark.slow
@@ -123,6 +127,7 @@ def test_a_wide_set_trains_exports_and_inspects_as_rectangles(strips, tmp_path, 
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "recipe: data.image_width = 96" in proc.stdout and "recipe: model.views = 4" in proc.stdout
+    assert "timing a few training steps at 32 x 96 px" in proc.stdout  # the rectangle is probed as it trains
     cfg = yaml.safe_load((work / "train.yaml").read_text())
     assert (cfg["data"]["image_size"], cfg["data"]["image_width"]) == (32, 96)
     report = json.loads((work / "report.json").read_text())

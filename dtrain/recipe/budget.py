@@ -217,7 +217,7 @@ def minutes_for_side(
     return minutes
 
 
-def probe_batch(side: int) -> int:
+def probe_batch(side: int, width: int | None = None) -> int:
     """Images per probe step: PROBE_BATCH up to PROBE_PIXELS_SIDE px, then fewer, so a step holds
     no more pixels than PROBE_BATCH pictures of that side (at least PROBE_MIN_BATCH).
 
@@ -226,13 +226,14 @@ def probe_batch(side: int) -> int:
     640 px on 2 ranks (Zen 3, BENCHMARKS.md session 21), batch 16 took 4.5 GB and 50 s, batch 4
     2.0 GB and 13 s, for a cost per image 6 % lower (352 px, 16 -> 8: 5 % lower); the run
     checks its own pace against the plan in any case (TrainConfig.time_budget_s)."""
-    return max(PROBE_MIN_BATCH, min(PROBE_BATCH, PROBE_BATCH * PROBE_PIXELS_SIDE ** 2 // side ** 2))
+    return max(PROBE_MIN_BATCH, min(PROBE_BATCH, PROBE_BATCH * PROBE_PIXELS_SIDE ** 2 // (side * (width or side))))
 
 
 def probe(model_cfg: dict, side: int, n_classes: int, precision: str = "auto", ranks: int = 1,
-          batch: int | None = None) -> float:
-    """Seconds per training image (forward, backward, AdamW step) at `side` px for `ranks` DDP
-    ranks side by side on this machine's CPU cores (or its GPU), each with its share of the cores.
+          batch: int | None = None, width: int | None = None) -> float:
+    """Seconds per training image (forward, backward, AdamW step) at `side` px (`side` x `width`
+    for a rectangular input) for `ranks` DDP ranks side by side on this machine's CPU cores (or
+    its GPU), each with its share of the cores.
 
     On a CPU the ranks are timed together, one thread each running its own model with its
     share of the cores: two ranks on two cores ran up to 1.5x slower each than one alone
@@ -244,10 +245,10 @@ def probe(model_cfg: dict, side: int, n_classes: int, precision: str = "auto", r
 
     import torch
 
-    batch = batch or probe_batch(side)
+    batch = batch or probe_batch(side, width)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cuda":
-        return _timed_steps(model_cfg, side, n_classes, precision, batch, dev, torch.get_num_threads())
+        return _timed_steps(model_cfg, side, n_classes, precision, batch, dev, torch.get_num_threads(), width=width)
     from dtrain.train.dist import cpu_count
 
     share = max(1, cpu_count() // ranks)
@@ -257,7 +258,7 @@ def probe(model_cfg: dict, side: int, n_classes: int, precision: str = "auto", r
 
     def rank() -> None:
         try:
-            costs.append(_timed_steps(model_cfg, side, n_classes, precision, batch, dev, share, start))
+            costs.append(_timed_steps(model_cfg, side, n_classes, precision, batch, dev, share, start, width))
         except BaseException as exc:  # re-raised in the caller's thread
             start.abort()
             errors.append(exc)
@@ -274,7 +275,7 @@ def probe(model_cfg: dict, side: int, n_classes: int, precision: str = "auto", r
 
 
 def _timed_steps(model_cfg: dict, side: int, n_classes: int, precision: str, batch: int, dev,
-                 threads: int, start=None) -> float:
+                 threads: int, start=None, width: int | None = None) -> float:
     """One rank's seconds per image over PROBE_STEPS steps after PROBE_WARMUP, on `threads` cores;
     `start`: a barrier all ranks pass before their timed steps."""
     import torch
@@ -288,7 +289,7 @@ def _timed_steps(model_cfg: dict, side: int, n_classes: int, precision: str, bat
     try:
         model = build_model(ModelConfig(**model_cfg), n_classes).to(dev).to(memory_format=torch.channels_last)
         opt = torch.optim.AdamW(model.parameters())
-        x = torch.randn(batch, 3, side, side, device=dev).contiguous(memory_format=torch.channels_last)
+        x = torch.randn(batch, 3, side, width or side, device=dev).contiguous(memory_format=torch.channels_last)
         y = torch.randint(0, n_classes, (batch,), device=dev)
         policy = P.resolve(precision, dev)
         for i in range(PROBE_WARMUP + PROBE_STEPS):
@@ -310,12 +311,8 @@ def _timed_steps(model_cfg: dict, side: int, n_classes: int, precision: str, bat
         torch.set_num_threads(before)
 
 
-def scaled(measured: float, at: int) -> Callable[[int], float]:
-    """Cost per image at any side from one measurement at side `at` (pixels: side squared)."""
-    return lambda side: measured * (side / at) ** 2
-
-
-def widened(square: Callable[[int], float], width: Callable[[int], int]) -> Callable[[int], float]:
-    """Cost per image of a rectangle `side` x width(side) from a square's cost at that side
-    (pixels again: a fully convolutional network's work grows with their number)."""
-    return lambda side: square(side) * width(side) / side
+def scaled(measured: float, at: int, width: Callable[[int], int] | None = None) -> Callable[[int], float]:
+    """Cost per image at any side from one measurement at side `at`, by the input's pixels: side
+    squared, or side x width(side) for a rectangle (decide.width_for), probed at at x width(at)."""
+    cols = width or (lambda side: side)
+    return lambda side: measured * side * cols(side) / (at * cols(at))
