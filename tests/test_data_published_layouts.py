@@ -160,6 +160,19 @@ def test_class_folders_under_images_beside_annotations_are_the_classes(tmp_path)
     assert sorted(set(train.targets)) == [0, 1, 2]
 
 
+def test_a_class_named_images_beside_other_classes_is_a_class(tmp_path):
+    """Only an images/ whose siblings are annotation folders holds the classes; beside other
+    class folders it is one (here with its photos one folder down, as magnetic tiles keep them)."""
+    root = tmp_path / "set"
+    for split in ("train", "val"):
+        for c in ("images", "ok", "scratch"):
+            for i in range(3):
+                _photo(root / split / c / ("Imgs" if c == "images" else "") / f"{c}_{i}.jpg", seed=i)
+    cfg = DataConfig(root=str(root), image_size=32, **detect_layout(root))
+    train = scan(cfg, cfg.train_split)
+    assert train.classes == ["images", "ok", "scratch"] and sorted(set(train.targets)) == [0, 1, 2]
+
+
 def test_a_detection_set_is_refused_with_what_to_do(tmp_path):
     """YOLO's layout: flat images/ beside labels/ is boxes, not classes."""
     root = tmp_path / "yolo"

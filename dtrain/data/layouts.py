@@ -200,9 +200,11 @@ def class_root(folder: Path) -> Path:
     """Where the class folders of a split (or of a classfolders root) are: in it, or in its
     `images/` sub-folder when the set keeps its annotations beside the photos (NEU-DET:
     train/images/<class>/ and train/annotations/*.xml). A flat `images/` next to
-    `labels/` or `annotations/` is a detection set (boxes in files), refused."""
-    inner = next((d for d in _subdirs(folder) if d.name.lower() in CONTAINER_NAMES), None)
-    if inner is None:
+    `labels/` or `annotations/` is a detection set (boxes in files), refused. An `images/`
+    beside other folders that are neither is a class of that name, like its siblings."""
+    subdirs = _subdirs(folder)
+    inner = next((d for d in subdirs if d.name.lower() in CONTAINER_NAMES), None)
+    if inner is None or any(d != inner and d.name.lower() not in DETECTION_LABELS for d in subdirs):
         return folder
     if any(_subdirs(inner)):
         return inner
