@@ -152,7 +152,8 @@ def recipe_config(
     from dtrain.data.config import DataConfig
     from dtrain.recipe import budget
     from dtrain.recipe.decide import (
-        Decision, as_config, aspect, inference_views, input_side, network, notes, plan, time_budget, width_for,
+        Decision, as_config, aspect, inference_views, input_side, max_epochs, network, notes, plan, time_budget,
+        width_for,
     )
     from dtrain.recipe.folds import plan_folds
     from dtrain.recipe.stats import describe_layout, detect_layout, gather
@@ -196,6 +197,9 @@ def recipe_config(
         decisions = [d for d in decisions if d.field != "epochs"] + [Decision("epochs", opts.epochs, "--epochs")]
     else:  # asked-for epochs are not cut by the clock
         decisions.append(time_budget(fit.seconds, bool(k)))
+        planned = next(d.value for d in decisions if d.field == "epochs")
+        if (most := max_epochs(n_final, planned, bool(k))) is not None:
+            decisions.append(most)
     decisions.append(Decision("threshold k-fold", k, folds.reason + why_k))  # a decision about runs: not in train.yaml
     for d in decisions:
         print(f"recipe: {d.field} = {d.value}  ({d.reason})", file=stream)

@@ -86,6 +86,9 @@ def test_epochs_from_a_budget_of_images_seen():
     # 270 images, a budget of 41 518 seen: the epoch cap binds, and the reason says so
     capped = D.epochs(270, 41_518)
     assert capped.value == D.MAX_EPOCHS and "at most 100 epochs" in capped.reason and "wall-clock" not in capped.reason
+    # A cut plan may be raised by the run towards the data's wish (not under k-fold: its runs train alike)
+    assert D.max_epochs(1800, 5, kfold=False).value == 50
+    assert D.max_epochs(1800, 50, kfold=False) is None and D.max_epochs(1800, 5, kfold=True) is None
 
 
 def test_validation_and_negative_class_decisions():

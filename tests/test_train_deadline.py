@@ -107,3 +107,15 @@ def test_an_ample_budget_changes_nothing(synth_data, tmp_path, keep_threads):
     assert budgeted.epochs_done == plain.epochs_done == 2
     a, b = (ckpt.load(ckpt.find_resume(tmp_path / d))["model"] for d in ("plain", "budget"))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_run_faster_than_planned_raises_its_epochs_up_to_max_epochs(synth_data, tmp_path, keep_threads):
+    """TrainConfig.max_epochs: a plan cut by an over-costing probe is raised at the epoch ends
+    when the run proves faster, up to max_epochs and no further, the decay refit to end there."""
+    log = io.StringIO()
+    result = run(_cfg(synth_data, tmp_path / "run", epochs=1, max_epochs=3, time_budget_s=1e6), stream=log)
+    assert result.epochs_done == 3
+    assert "time budget: 3 epochs (was 1)" in log.getvalue()
+    assert blob_lr(tmp_path / "run") == pytest.approx(TrainConfig().optim.lr * TrainConfig().optim.min_lr_ratio)
+    with pytest.raises(ValueError, match="max_epochs 2 is under epochs 3"):
+        _cfg(synth_data, tmp_path / "x", epochs=3, max_epochs=2)

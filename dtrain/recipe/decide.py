@@ -222,6 +222,20 @@ def epochs(n: int, images_seen: int = BUDGET_IMAGES, budget: str = "") -> Decisi
     )
 
 
+def max_epochs(n: int, planned: int, kfold: bool) -> Decision | None:
+    """TrainConfig.max_epochs where the budget's plan cut `planned` epochs short of the data's
+    wish (epochs at BUDGET_IMAGES); None where it did not, or under k-fold."""
+    wish = epochs(n).value
+    if kfold or planned >= wish:
+        return None
+    return Decision(
+        "max_epochs", wish,
+        f"the probe's plan cut the epochs to {planned}; a run that proves faster at its epoch ends (the probe's timing "
+        f"varies between runs) raises them towards the {wish} the data wants (BUDGET_IMAGES) rather than leave the "
+        "budget unspent",
+    )
+
+
 def time_budget(seconds: float, kfold: bool) -> Decision:
     """The run's own check on the plan: the probe times a few steps of the network alone,
     not the data pipeline, all-reduce, validation or checkpoints, and a shared machine's

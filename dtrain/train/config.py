@@ -63,9 +63,13 @@ class TrainConfig(StrictModel):
     max_steps: int | None = Field(None, ge=1)  # stop early (tests, benchmarks)
     # Wall seconds the training loop may take (epochs with their validation and checkpoints;
     # not process start-up). At every epoch end the trainer fits the epochs still to run into
-    # what is left, at the pace measured so far, never above `epochs`, and refits the
+    # what is left, at the pace measured so far, never above `max_epochs`, and refits the
     # learning-rate decay to end on the last one (train/deadline.py). None: exactly `epochs`.
     time_budget_s: float | None = Field(None, gt=0)
+    # With time_budget_s: the most epochs a run that proves faster than planned may raise
+    # itself to (the recipe sets it where its timed probe cut `epochs` short of what the data
+    # wants: a probe that over-costed would otherwise leave the budget unspent). None: `epochs`.
+    max_epochs: int | None = Field(None, ge=1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # torch intra-op threads per rank; None = this node's cores / its number of ranks
     # (more threads than cores makes every rank's OpenMP spin against the others).
@@ -80,6 +84,9 @@ class TrainConfig(StrictModel):
         if self.model.views > 1 and not self.data.augment:
             raise ValueError(f"model.views {self.model.views} needs data.augment: true (the training augmentation draws "
                              "the flips and quarter turns the views average over); set model.views: 1 otherwise")
+        if self.max_epochs is not None and self.max_epochs < self.epochs:
+            raise ValueError(f"max_epochs {self.max_epochs} is under epochs {self.epochs}: it is the most a time budget "
+                             "may raise them to; leave it out (null) to keep epochs as the most")
         h, w = self.data.input_hw
         if self.model.views > 4 and h != w:
             raise ValueError(f"model.views {self.model.views} needs a square input, but it is {h} x {w} px "

@@ -156,7 +156,7 @@ class _Trainer:
         state.best_val_loss = float(blob.get("best_val_loss", float("inf")))
         if self.cfg.time_budget_s is not None:  # the budget spans the resumed runs
             self.seconds_before = float(blob.get("train_seconds", 0.0))
-            self.set_epochs(state, min(self.cfg.epochs, int(blob.get("epochs_planned", self.cfg.epochs))))
+            self.set_epochs(state, min(self.most_epochs, int(blob.get("epochs_planned", self.cfg.epochs))))
         if blob["world_size"] == self.ctx.world_size:
             ckpt.set_rng_state(blob["rng"][self.ctx.rank])
         elif state.step_in_epoch:
@@ -226,10 +226,15 @@ class _Trainer:
         self.epoch_seconds.append(since_s * self.steps_per_epoch / max(steps, 1))
         elapsed_s, epoch_s = dist.all_reduce_mean([self.train_seconds(), deadline.pace(self.epoch_seconds)], self.ctx)
         old = self.epochs
-        new = deadline.epochs_within(self.cfg.time_budget_s, elapsed_s, epoch_s, state.epoch, self.cfg.epochs, old)
+        new = deadline.epochs_within(self.cfg.time_budget_s, elapsed_s, epoch_s, state.epoch, self.most_epochs, old)
         if new != old:
             self.log.message(deadline.refit_message(old, new, state.epoch, epoch_s, elapsed_s, self.cfg.time_budget_s))
             self.set_epochs(state, new)
+
+    @property
+    def most_epochs(self) -> int:
+        """What the time budget may raise the epochs to (TrainConfig.max_epochs)."""
+        return self.cfg.max_epochs or self.cfg.epochs
 
     def set_epochs(self, state: State, epochs: int) -> None:
         self.epochs = epochs
