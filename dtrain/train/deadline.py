@@ -6,8 +6,9 @@ and a shared machine's speed moves by 15-30 % between minutes: a plant run on a 
 ran 40 % over its plan (BENCHMARKS.md, session 14). So the run checks itself: at every epoch
 end it takes the pace of the epochs it has run and keeps as many more as fit in the time
 left, never more than configured (TrainConfig.max_epochs, else epochs): a probe that
-over-costed is made up for as one that under-costed is. The learning-rate schedule is refit to end on the last
-of them (train/schedule.py): a cut run still anneals rather than stopping mid-decay.
+over-costed is made up for as one that under-costed is. The learning-rate schedule is
+refit to end on the last of them (train/schedule.py): a cut run still anneals rather than
+stopping mid-decay.
 """
 
 from __future__ import annotations
