@@ -100,6 +100,14 @@ class DataConfig(StrictModel):
 
 
 def input_hw(image_size: int, image_width: int | None = None) -> tuple[int, int]:
-    """(rows, columns) of the input for DataConfig's two fields (also a checkpoint's meta,
-    where models from before image_width have none: a square)."""
+    """(rows, columns) of the input for DataConfig's two fields (also a checkpoint's meta and a
+    model card, where models from before image_width have none: a square)."""
     return int(image_size), int(image_width or image_size)
+
+
+Size = int | tuple[int, int]  # a square's side, or (rows, columns): DataConfig.input_hw
+
+
+def as_hw(size: Size) -> tuple[int, int]:
+    """(rows, columns) of a Size."""
+    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from dtrain.data.config import DataConfig
+from dtrain.data.config import DataConfig, Size, as_hw
 from dtrain.data.layouts import scan
 from dtrain.data.decode import FULL_BITS
 from dtrain.data.transforms import read_image, resize_uint8, train_augmentation
@@ -41,7 +41,7 @@ class InspectionDataset(Dataset):
         targets: Sequence[int],
         classes: Sequence[str],
         negative_index: int | None,  # None: no defect-free class (a classification task)
-        image_size: int | tuple[int, int],  # a square's side or (rows, columns): DataConfig.input_hw
+        image_size: Size,  # a square's side or (rows, columns): DataConfig.input_hw
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
         cache_decoded: bool = False,
         sample_bits: int = FULL_BITS,  # DataConfig.sample_bits
@@ -114,8 +114,7 @@ class InspectionDataset(Dataset):
 
     def _fill_cache(self) -> None:
         n, s = len(self.paths), self.image_size
-        h, w = (s, s) if isinstance(s, int) else s
-        cache = torch.empty((n, 3, h, w), dtype=torch.uint8)
+        cache = torch.empty((n, 3, *as_hw(s)), dtype=torch.uint8)
         ok = torch.zeros(n, dtype=torch.bool)
 
         def one(i: int) -> None:

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch.utils.data import Dataset
 
-from dtrain.data.config import DataConfig
+from dtrain.data.config import DataConfig, Size
 from dtrain.data.decode import FULL_BITS
 from dtrain.data.shard_cache import ShardCache
 from dtrain.data.shard_format import Manifest, decode_index, sha256_hex
@@ -79,7 +79,7 @@ class ShardDataset(Dataset):
         split: str,
         rows,  # numpy int64 [N, 4]: shard, offset, size, label
         paths: list[str],
-        image_size: int | tuple[int, int],  # a square's side or (rows, columns): DataConfig.input_hw
+        image_size: Size,  # a square's side or (rows, columns): DataConfig.input_hw
         transform: Callable[[torch.Tensor], torch.Tensor] | None,
         cache: ShardCache | None,
         sample_bits: int = FULL_BITS,  # DataConfig.sample_bits

@@ -19,6 +19,7 @@ import torch
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
+from dtrain.data.config import Size, as_hw
 from dtrain.data.decode import FULL_BITS, decode
 
 # ImageNet statistics: a `pretrained: PATH` ResNet expects them, and for random init
@@ -45,15 +46,12 @@ def read_image(path: str | Path, sample_bits: int = FULL_BITS) -> torch.Tensor:
     return decode(Path(path).read_bytes(), sample_bits=sample_bits)
 
 
-Size = int | tuple[int, int]  # a square's side, or (rows, columns): DataConfig.input_hw
-
-
 def resize_uint8(img: torch.Tensor, size: Size) -> torch.Tensor:
     """uint8 [C, h, w] -> [C, H, W] for `size` (H, W) or a square side. Into a wide input
     (W > H) a picture standing upright (h > w) is first turned a quarter, counter-clockwise
     (as PIL's ROTATE_90: the runtime's dtrain.serve.images.resize does the same), so the
     long sides meet instead of being squashed across."""
-    h, w = (size, size) if isinstance(size, int) else size
+    h, w = as_hw(size)
     if w > h and img.shape[-2] > img.shape[-1]:
         img = torch.rot90(img, 1, dims=(-2, -1))
     if tuple(img.shape[-2:]) == (h, w):

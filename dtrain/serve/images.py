@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dtrain.data.config import Size, as_hw
 from dtrain.data.decode import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS, FULL_BITS, ImageRefused, decode_pil
 from dtrain.data.masks import IMAGE_EXTENSIONS
 
@@ -77,7 +78,7 @@ class DecodeBudget:
                 self._changed.notify_all()
 
 
-def prepare_bytes(data: bytes, size: int | tuple[int, int], max_pixels: int = DEFAULT_MAX_PIXELS,
+def prepare_bytes(data: bytes, size: Size, max_pixels: int = DEFAULT_MAX_PIXELS,
                   max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES, budget: DecodeBudget | None = None,
                   sample_bits: int = FULL_BITS) -> np.ndarray:
     """Encoded image -> uint8 [3, H, W] (`size`: a side or (H, W)); raises ImageRejected.
@@ -98,13 +99,13 @@ def decode_checked(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, max_decode
         raise ImageRejected(413 if exc.too_large else 422, exc.message) from None
 
 
-def resize(img, size: int | tuple[int, int]) -> np.ndarray:
+def resize(img, size: Size) -> np.ndarray:
     """RGB Pillow image -> uint8 [3, H, W] for `size` (H, W) or a square side (a view of an
     HWC array: np.stack copies it once). Into a wide input an upright picture is turned a
     quarter counter-clockwise first, as in training (dtrain.data.transforms.resize_uint8)."""
     from PIL import Image
 
-    h, w = (size, size) if isinstance(size, int) else size
+    h, w = as_hw(size)
     if w > h and img.height > img.width:
         img = img.transpose(Image.Transpose.ROTATE_90)
     if img.size != (w, h):
@@ -112,6 +113,6 @@ def resize(img, size: int | tuple[int, int]) -> np.ndarray:
     return np.asarray(img).transpose(2, 0, 1)
 
 
-def prepare_file(path: str | Path, size: int | tuple[int, int], max_pixels: int = DEFAULT_MAX_PIXELS,
+def prepare_file(path: str | Path, size: Size, max_pixels: int = DEFAULT_MAX_PIXELS,
                  max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES, sample_bits: int = FULL_BITS) -> np.ndarray:
     return prepare_bytes(Path(path).read_bytes(), size, max_pixels, max_decode_bytes, sample_bits=sample_bits)

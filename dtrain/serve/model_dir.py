@@ -22,6 +22,7 @@ from pathlib import Path
 from pydantic import Field, ValidationError
 
 from dtrain.configio import StrictModel
+from dtrain.data.config import input_hw
 from dtrain.errors import DtrainError
 from dtrain.serve.choice import MachineChoice
 
@@ -47,7 +48,7 @@ class Preprocessing(StrictModel):
 
     @property
     def input_hw(self) -> tuple[int, int]:
-        return self.image_size, self.image_width or self.image_size
+        return input_hw(self.image_size, self.image_width)
 
 
 class Verification(StrictModel):
