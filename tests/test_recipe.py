@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -18,6 +17,7 @@ from dtrain.recipe import decide as D
 from dtrain.recipe.stats import DataStats, gather
 from dtrain.train.config import TrainConfig
 from dtrain.train.trainer import loss_weights
+from tests.quickstart_helpers import quickstart_data
 
 
 def _stats(side=256, counts=None, val=None, grey=0.0, aspect=1.0, negative="ok") -> DataStats:
@@ -251,12 +251,7 @@ def test_sqrt_inverse_loss_weights():
 @pytest.mark.slow
 def test_quickstart_data_decides_trains_and_reports(synth_data, tmp_path, dtrain_cmd, dtrain_home):
     work = tmp_path / "qs"
-    argv = [*dtrain_cmd, "quickstart", "--data", str(synth_data), "--workdir", str(work), "--epochs", "2", "--nproc", "1",
-            # A budget no load can cut; no k-fold: the threshold from validation, best.pt by validation loss
-            # (k-fold: tests/test_quickstart_kfold.py).
-            "--folds", "0", "--budget-minutes", "6000"]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    proc = quickstart_data(dtrain_cmd, synth_data, work, epochs=2)
     assert "recipe: data.image_size = 32" in proc.stdout and "recipe: epochs = 2  (--epochs)" in proc.stdout
     assert "recipe: threshold k-fold = 0" in proc.stdout and "--folds 0 overrides" in proc.stdout
     cfg = yaml.safe_load((work / "train.yaml").read_text())
@@ -280,10 +275,7 @@ def test_quickstart_data_on_bare_class_folders_splits_trains_and_reports(class_f
     same test split back from the checkpoint's config."""
     flat = class_folders_data
     work = tmp_path / "qs"
-    argv = [*dtrain_cmd, "quickstart", "--data", str(flat), "--workdir", str(work), "--epochs", "1", "--nproc", "1",
-            "--folds", "0", "--budget-minutes", "6000"]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    proc = quickstart_data(dtrain_cmd, flat, work, epochs=1)
     assert "every class split 60/20/20 % into train/val/test" in proc.stdout
     cfg = yaml.safe_load((work / "train.yaml").read_text())
     assert cfg["data"]["layout"] == "classfolders" and cfg["data"]["root"] == str(flat)

@@ -17,6 +17,8 @@ import yaml
 from PIL import Image
 from shared_once import once
 
+from tests.quickstart_helpers import quickstart_data
+
 
 def _strips(src: Path, root: Path) -> None:
     """Every synth_data picture (32 px) beside two defect-free ones of its split: 32 x 96 px
@@ -122,10 +124,7 @@ def test_the_budget_prices_a_rectangle_by_its_pixels():
 @pytest.mark.slow
 def test_a_wide_set_trains_exports_and_inspects_as_rectangles(strips, tmp_path, dtrain_cmd, dtrain_home):
     work = tmp_path / "qs"
-    argv = [*dtrain_cmd, "quickstart", "--data", str(strips), "--workdir", str(work), "--epochs", "2", "--nproc", "1",
-            "--folds", "0", "--budget-minutes", "6000"]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    proc = quickstart_data(dtrain_cmd, strips, work, epochs=2)
     assert "recipe: data.image_width = 96" in proc.stdout and "recipe: model.views = 4" in proc.stdout
     assert "timing a few training steps at 32 x 96 px" in proc.stdout  # the rectangle is probed as it trains
     cfg = yaml.safe_load((work / "train.yaml").read_text())
