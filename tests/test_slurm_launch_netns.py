@@ -253,13 +253,16 @@ def test_the_clusters_slurm_version_is_detected_and_sacct_is_left_alone_without_
 
 def test_a_node_failing_preflight_fails_the_job_before_training_and_is_named(slurm_cluster, dtrain_home, tmp_path):
     port = free_port()
-    first = slurm_cluster.netns.hosts[0]  # node 0 of the allocation: it hosts the rendezvous on `port`
+    # node 0 of the allocation hosts the rendezvous on `port`. The job takes every node, so
+    # node 0 is h1 whichever node an earlier test left completing (with 2 of 3 it could be h2).
+    first = slurm_cluster.netns.hosts[0]
     holder = slurm_cluster.netns.popen(first, [sys.executable, "-c", (
         "import socket, time\ns = socket.socket()\ns.bind(('0.0.0.0', %d))\ns.listen()\n"
         "print('ready', flush=True)\ntime.sleep(300)" % port)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "ready"
-        res = dtrain("run", cluster_file(slurm_cluster, tmp_path), "--nproc-per-node", "1", "--port", str(port), "--",
+        res = dtrain("run", cluster_file(slurm_cluster, tmp_path, nodes=len(slurm_cluster.nodes)),
+                     "--nproc-per-node", "1", "--port", str(port), "--",
                      "python", PLAIN, env=slurm_cluster.env(), timeout=120)
     finally:
         holder.kill()
