@@ -14,6 +14,13 @@ A layout is a function `(cfg, split) -> Listing`, registered by name in `LAYOUTS
   classifier never sees a defect in MVTec's own `train`; `data.mvtec_train_fraction`
   (default 0: the official protocol) moves that share of every test class into train,
   taken before the val carve so the three splits never overlap.
+- `masklabels`: the photos' own ground-truth masks are their labels, as sets published for
+  segmentation ship them (KolektorSDD2: ROOT/{train,test}/10000.png beside 10000_GT.png;
+  KolektorSDD: ROOT/kos01/Part0.jpg beside Part0_label.bmp). A photo is `defect` when its
+  mask marks any pixel and `ok` when the mask is empty or there is none (nothing drawn on
+  the part: MVTec ships no masks for its good parts either). With split folders, train/
+  holds val unless a val folder does (`data.val_from_train`); without them, every class is
+  cut by `data.split_fractions`.
 
 Every carve is per class, from the class's sorted file list shuffled with a seed of
 (`data.split_seed`, class name): the same split in every process, run and machine, and a
@@ -41,12 +48,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dtrain.data.config import DataConfig
-from dtrain.data.masks import IMAGE_EXTENSIONS, hidden_or_debris, images_under
+from dtrain.data.masks import (
+    CONTAINER_NAMES, IMAGE_EXTENSIONS, hidden_or_debris, images_under, marks_pixels, masks_of_images,
+)
 from dtrain.errors import DtrainError
 
 NEGATIVE_SYNONYMS = ("ok", "good", "normal")
-# A split's class folders may sit one level down, beside the set's annotations (class_root).
-CONTAINER_NAMES = frozenset({"images", "imgs", "img", "image", "jpegimages"})
 DETECTION_LABELS = frozenset({"labels", "label", "annotations", "annotation", "masks", "ground_truth", "xml", "json"})
 # How else a defect-free class is named in public and plant data sets ("MT_Free" for
 # magnetic tiles, "ok_front" for cast impellers, "Negative" beside "Positive" for cracked
@@ -67,6 +74,8 @@ class Listing:
     paths: list[str]
     targets: list[int]
     left_out: dict[str, str] = field(default_factory=dict)  # masks and ground-truth folders: path -> why
+    # masklabels only: how many photos were labelled by each rule (MASK_RULES)
+    labelled_by: dict[str, int] = field(default_factory=dict)
 
 
 def scan(cfg: DataConfig, split: str) -> Listing:
@@ -232,17 +241,23 @@ def class_folders_with_images(root: Path, left_out: dict[str, str] | None = None
     return {name: images for name, images in found.items() if images}
 
 
-def classfolders(cfg: DataConfig, split: str) -> Listing:
+def _root_and_role(cfg: DataConfig, split: str) -> tuple[Path, int]:
+    """The data folder, and `split`'s place in (train, val, test), for layouts that carve them."""
     root = Path(cfg.root)
     _require_dir(root, "data directory")
     roles = {name: i for i, name in enumerate((cfg.train_split, cfg.val_split, cfg.test_split)) if name}
     if split not in roles:
-        raise DtrainError(f"unknown split '{split}' for a classfolders data set", f"valid splits: {', '.join(roles)}")
+        raise DtrainError(f"unknown split '{split}' for a {cfg.layout} data set", f"valid splits: {', '.join(roles)}")
+    return root, roles[split]
+
+
+def classfolders(cfg: DataConfig, split: str) -> Listing:
+    root, role = _root_and_role(cfg, split)
     left_out: dict[str, str] = {}
     found = class_folders_with_images(root, left_out)
     if not found:
         raise DtrainError(f"no class folders with images in {root}", "put each class's images in ROOT/<class>/")
-    files = {name: _carve(images, cfg.split_seed, name, cfg.split_fractions)[roles[split]] for name, images in found.items()}
+    files = {name: _carve(images, cfg.split_seed, name, cfg.split_fractions)[role] for name, images in found.items()}
     return _listing(list(found), cfg.negative_class, root, files, left_out)
 
 
@@ -301,8 +316,51 @@ def mvtec(cfg: DataConfig, split: str) -> Listing:
     return _listing(classes, cfg.negative_class, base, files, left_out)
 
 
+# masklabels' two classes, and the rules that put a photo in one (Listing.labelled_by's keys).
+MASK_DEFECT, MASK_OK = "defect", "ok"
+MASK_RULES = ("its mask marks pixels", "its mask is empty", "it has no mask")
+
+
+def masklabels(cfg: DataConfig, split: str) -> Listing:
+    root, role = _root_and_role(cfg, split)
+    if not (root / cfg.train_split).is_dir():  # one folder of photos: every class cut by split_fractions
+        whole, left_out, rules = _by_masks(root)
+        files = {c: _carve(v, cfg.split_seed, c, cfg.split_fractions)[role] for c, v in whole.items()}
+    elif role < 2 and cfg.val_from_train > 0:  # val carved out of train, as imagefolder's
+        whole, left_out, rules = _by_masks(root / cfg.train_split)
+        shares = (1 - cfg.val_from_train, cfg.val_from_train, 0.0)
+        files = {c: _carve(v, cfg.split_seed, c, shares)[role] for c, v in whole.items()}
+    else:
+        _require_dir(root / split, f"split '{split}'", "expected ROOT/<split>/ with the photos and their masks")
+        files, left_out, rules = _by_masks(root / split)
+    listing = _listing([MASK_DEFECT, MASK_OK], cfg.negative_class, root, files, left_out)
+    counts = {rule: 0 for rule in MASK_RULES}
+    for path in listing.paths:
+        counts[rules[path]] += 1
+    return Listing(listing.classes, listing.negative_index, listing.paths, listing.targets, left_out, counts)
+
+
+def _by_masks(folder: Path) -> tuple[dict[str, list[Path]], dict[str, str], dict[str, str]]:
+    """{class: photos} of every photo under `folder` by its mask, what was left out (a photo
+    whose mask cannot be read is, with that reason), and {photo: the rule (MASK_RULES) that
+    labelled it}."""
+    images, left_out, masks = masks_of_images(folder)
+    files: dict[str, list[Path]] = {MASK_DEFECT: [], MASK_OK: []}
+    rules: dict[str, str] = {}
+    for photo in images:
+        mask = masks.get(str(photo))
+        marked = None if mask is None else marks_pixels(mask)
+        if mask is not None and marked is None:
+            left_out[str(photo)] = f"its mask {mask.name} cannot be read, so its label is unknown"
+            continue
+        rules[str(photo)] = MASK_RULES[2] if mask is None else MASK_RULES[0] if marked else MASK_RULES[1]
+        files[MASK_DEFECT if marked else MASK_OK].append(photo)
+    return files, left_out, rules
+
+
 LAYOUTS: dict[str, Callable[[DataConfig, str], Listing]] = {
     "imagefolder": imagefolder,
     "classfolders": classfolders,
     "mvtec": mvtec,
+    "masklabels": masklabels,
 }

@@ -32,6 +32,9 @@ MASK_DIRS = frozenset({"mask", "masks", "gt", "ground_truth", "groundtruth", "gr
 # A binary mask has 2 values, a multi-label one a few more; a photo, even of a plain
 # surface, has far more than 8 once sensor noise is in it.
 MASK_LEVELS = 8
+# Folders that hold the photos beside their annotations: a split's class folders may sit in
+# one (NEU-DET: train/images/<class>/), a segmentation set's photos beside masks/.
+CONTAINER_NAMES = frozenset({"images", "imgs", "img", "image", "jpegimages"})
 # A candidate larger than the decoder's own pixel limit is not counted, only listed as an
 # image (the decoder then refuses it with its reason).
 MAX_MASK_PIXELS = 40_000_000
@@ -55,11 +58,25 @@ def hidden_or_debris(name: str) -> bool:
 def images_under(folder: Path) -> tuple[list[Path], dict[str, str]]:
     """Every image under `folder` and its sub-folders, sorted, and what was left out:
     {path: why} for masks (files) and ground-truth sub-folders."""
+    images, left_out, _ = _scan(folder)
+    return images, left_out
+
+
+def masks_of_images(folder: Path) -> tuple[list[Path], dict[str, Path], dict[str, str]]:
+    """images_under's images and left-out files, and {image: its mask} for the images that
+    have one: a mask beside it (as images_under finds them), or a file of a ground-truth
+    sub-folder of the image's folder named as it, with or without a mask suffix (DAGM's
+    `Label/0576_label.PNG` for `0576.PNG`)."""
+    return _scan(folder)
+
+
+def _scan(folder: Path) -> tuple[list[Path], dict[str, str], dict[str, Path]]:
     images: list[Path] = []
     left_out: dict[str, str] = {}
+    pairs: dict[str, Path] = {}
     seen = {os.path.realpath(folder)}  # links are followed (a class folder of links is common); a loop is not
     for here, dirs, names in os.walk(folder, followlinks=True):
-        kept = []
+        kept, truth = [], []
         for d in sorted(dirs):
             if hidden_or_debris(d) or os.path.realpath(os.path.join(here, d)) in seen:
                 continue
@@ -67,19 +84,48 @@ def images_under(folder: Path) -> tuple[list[Path], dict[str, str]]:
             if d.lower() in MASK_DIRS:
                 # A folder's key ends in a separator, so a reader tells it from a file without a stat.
                 left_out[os.path.join(here, d, "")] = f"a sub-folder named '{d}': ground truth, not photos"
+                truth.append(Path(here, d))
                 continue
             kept.append(d)
         dirs[:] = kept  # os.walk descends only into what stays in the list
-        found = [p for p in (Path(here, n) for n in names)
-                 if not hidden_or_debris(p.name) and p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()]
+        found = _image_files(Path(here), names)
         masks = _masks_among(found)
-        left_out.update(masks)
-        images.extend(p for p in found if str(p) not in masks)
-    return sorted(images), left_out
+        left_out.update((m, why) for m, (_, why) in masks.items())
+        photos = [p for p in found if str(p) not in masks]
+        images.extend(photos)
+        pairs.update((str(photo), Path(m)) for m, (photo, _) in masks.items())
+        if Path(here).name.lower() in CONTAINER_NAMES and Path(here) != Path(folder):
+            # a segmentation set's images/ beside masks/: the truth folders are its siblings
+            parent = Path(here).parent
+            truth += [parent / d for d in sorted(os.listdir(parent))
+                      if d.lower() in MASK_DIRS and (parent / d).is_dir()]
+        _pair_in_truth_folders(photos, truth, pairs)
+    return sorted(images), left_out, pairs
 
 
-def _masks_among(files: list[Path]) -> dict[str, str]:
-    """{path: why} for the files of one folder that are masks of another file there."""
+def _image_files(folder: Path, names: list[str]) -> list[Path]:
+    return [p for p in (folder / n for n in names)
+            if not hidden_or_debris(p.name) and p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file()]
+
+
+def _pair_in_truth_folders(photos: list[Path], truth: list[Path], pairs: dict[str, Path]) -> None:
+    """Adds to `pairs` the masks that ground-truth sub-folders (`truth`) hold for `photos`,
+    matched by name: the photo's stem, or it plus a mask suffix."""
+    if not truth or not photos:
+        return
+    by_stem = {p.stem.lower(): p for p in photos}
+    for folder in truth:
+        for mask in sorted(_image_files(folder, os.listdir(folder))):
+            stem = mask.stem.lower()
+            base = next((stem[: -len(s)] for s in MASK_SUFFIXES if stem.endswith(s)), stem)
+            photo = by_stem.get(stem) or by_stem.get(base)
+            if photo is not None:
+                pairs.setdefault(str(photo), mask)
+
+
+def _masks_among(files: list[Path]) -> dict[str, tuple[Path, str]]:
+    """{path: (the file it is a mask of, why)} for the files of one folder that are masks of
+    another file there."""
     stems: dict[str, list[Path]] = {}
     for p in files:
         stems.setdefault(p.stem.lower(), []).append(p)
@@ -89,14 +135,15 @@ def _masks_among(files: list[Path]) -> dict[str, str]:
             partner = _suffix_partner(p.stem.lower(), stems)
             share = _black_or_white(str(p), *_identity(p)) if partner is not None else None
             if share is not None and share >= BINARY_SHARE:
-                out[str(p)] = f"a mask of {partner.name}: {share:.1%} of its pixels black or white (a mask saved lossily)"
+                out[str(p)] = (partner, f"a mask of {partner.name}: {share:.1%} of its pixels black or white "
+                                        "(a mask saved lossily)")
             continue
         partner = _partner(p, stems)
         if partner is None:
             continue
         levels = _levels(str(p), *_identity(p))
         if levels is not None and levels <= MASK_LEVELS:
-            out[str(p)] = f"a mask of {partner.name}: {levels} pixel value{'s' if levels > 1 else ''}"
+            out[str(p)] = (partner, f"a mask of {partner.name}: {levels} pixel value{'s' if levels > 1 else ''}")
     return out
 
 
@@ -160,3 +207,32 @@ def _black_or_white(path: str, _mtime_ns: int, _size: int) -> float | None:
         return None
     total = sum(hist)
     return (sum(hist[:DARK_OR_LIGHT]) + sum(hist[256 - DARK_OR_LIGHT:])) / total if total else None
+
+
+# A lossy mask marks a pixel from half of full scale on: JPEG ringing around a binary mask's
+# edges, and the noise of an all-black one, stay well under it. A lossless mask marks any
+# pixel above 0, so label images that store classes as 1, 2, ... count too.
+LOSSY_MARK = 128
+
+
+def marks_pixels(mask: Path) -> bool | None:
+    """Whether `mask` marks any pixel (a defect drawn on it); None when it cannot be read."""
+    return _marks(str(mask), *_identity(mask))
+
+
+@functools.lru_cache(maxsize=65536)
+def _marks(path: str, _mtime_ns: int, _size: int) -> bool | None:
+    from PIL import Image
+
+    floor = LOSSY_MARK if Path(path).suffix.lower() in LOSSY else 1
+    try:
+        with Image.open(path) as img:
+            if img.width * img.height > MAX_MASK_PIXELS:
+                return None
+            if img.mode.startswith("I"):  # 16/32-bit grey: Pillow's 8-bit conversion would clip it
+                import numpy as np
+
+                return bool(np.asarray(img).max() >= floor)
+            return img.convert("L").getextrema()[1] >= floor
+    except Exception:  # noqa: BLE001 - an unreadable mask labels nothing; the caller says so
+        return None

@@ -394,10 +394,19 @@ def notes(stats: DataStats) -> list[str]:
         path, why = next(iter(stats.refused.items()))
         out.append(f"{len(stats.refused)} of the sampled training images are refused by the decoder and will be skipped "
                    f"in training (e.g. {path}: {why})")
-    if stats.left_out:
-        path, why = next(iter(stats.left_out.items()))
-        masks = sum(not p.endswith(("/", "\\")) for p in stats.left_out)  # folders end in a separator
-        folders = len(stats.left_out) - masks
+    if stats.labelled_by:
+        rules = ", ".join(f"{n} because {rule}" for rule, n in stats.labelled_by.items() if n)
+        out.append(f"labels read from the masks (data.layout masklabels): {rules} (marked: defect; empty or none: ok). "
+                   "If photos without a mask are not all good parts, sort the photos into class folders instead")
+    unread = {p: why for p, why in stats.left_out.items() if why.startswith("its mask")}
+    if unread:
+        path, why = next(iter(unread.items()))
+        out.append(f"{len(unread)} photos left out of every split: their masks cannot be read (e.g. {path}: {why})")
+    truth = {p: why for p, why in stats.left_out.items() if p not in unread}
+    if truth:
+        path, why = next(iter(truth.items()))
+        masks = sum(not p.endswith(("/", "\\")) for p in truth)  # folders end in a separator
+        folders = len(truth) - masks
         what = [f"{n} ground-truth {noun}{'s' if n != 1 else ''}" for n, noun in ((masks, "mask"), (folders, "folder")) if n]
         out.append(f"{' and '.join(what)} among the images, left out of every split (e.g. {path}: {why}); a mask is a picture of "
                    "the answer, not of the part")

@@ -62,6 +62,7 @@ class DataStats:
     left_out: dict[str, str] = field(default_factory=dict)  # masks and ground-truth folders (dtrain.data.masks)
     copies: list[list[File]] = field(default_factory=list)  # byte-identical files over all splits (recipe.copies)
     deep_bits: list[int] = field(default_factory=list)  # of sampled 16-bit images: bits their largest value needs
+    labelled_by: dict[str, int] = field(default_factory=dict)  # masklabels: photos per labelling rule, all splits
 
     @property
     def n_train(self) -> int:
@@ -94,6 +95,10 @@ def detect_layout(root: Path) -> dict[str, Any]:
 
     if not root.is_dir():
         raise DtrainError(f"data directory not found: {root}", "pass --data the folder that holds train/ (and val/, test/)")
+    if (root / "train").is_dir() and _labelled_by_masks(root / "train"):
+        return _masklabels_splits(root)
+    if not (root / "train").is_dir() and _labelled_by_masks(root):
+        return {"layout": "masklabels"}
     if (root / "train").is_dir():
         val = next((name for name in VAL_NAMES if (root / name).is_dir()), None)
         if val is not None and (root / "test").is_dir():
@@ -152,6 +157,41 @@ def _classes_by_name(images: list[Path]) -> dict[str, int]:
     return dict(counts)
 
 
+def _labelled_by_masks(folder: Path) -> bool:
+    """Whether `folder`'s photos are labelled by their masks rather than by folders: some of
+    them have a mask (dtrain.data.masks), and the folders they lie in name no classes. They
+    lie loose in `folder` (KolektorSDD2's train/), in images/ beside masks/ (a segmentation
+    set), or in numbered folders of one name (KolektorSDD's kos01..kos50, DAGM's
+    Class1..Class10: parts or textures, each holding good and defective photos)."""
+    from dtrain.data.layouts import class_folders_with_images
+    from dtrain.data.masks import masks_of_images
+
+    try:
+        groups = list(class_folders_with_images(folder))
+    except DtrainError:  # flat images/ beside labels/ or masks/: labelled by masks if masks pair with them
+        groups = []
+    if groups and not _numbered(groups):
+        return False
+    return bool(masks_of_images(folder)[2])
+
+
+def _numbered(names: list[str]) -> bool:
+    """Two or more names that differ only in a trailing number ("kos01", "Class_2")."""
+    stems = {re.sub(r"[\s_\-]*\d+$", "", n).lower() if re.search(r"\d$", n) else None for n in names}
+    return len(names) >= 2 and len(stems) == 1 and None not in stems
+
+
+def _masklabels_splits(root: Path) -> dict[str, Any]:
+    """masklabels over split folders, named as imagefolder's are found (val, or carved out of train)."""
+    val = next((name for name in VAL_NAMES if (root / name).is_dir()), None)
+    test = (root / "test").is_dir()
+    if val is not None and test:
+        return {"layout": "masklabels", "val_split": val}
+    if val is not None:
+        return {"layout": "masklabels", "test_split": val, "val_split": CARVED_VAL, "val_from_train": VAL_FROM_TRAIN}
+    return {"layout": "masklabels", "val_from_train": VAL_FROM_TRAIN, **({} if test else {"test_split": ""})}
+
+
 def _loose_images(root: Path) -> list[Path]:
     from dtrain.data.masks import IMAGE_EXTENSIONS
 
@@ -161,6 +201,14 @@ def _loose_images(root: Path) -> list[Path]:
 def describe_layout(fields: dict[str, Any]) -> str:
     """detect_layout's result in words, for the recipe's first line."""
     layout = fields["layout"]
+    if layout == "masklabels":
+        how = "labels from the photos' masks: 'defect' where a mask marks pixels, 'ok' where it is empty or missing"
+        if fields.get("val_split", "val") == "val" and not fields.get("val_from_train"):
+            shares = "/".join(str(round(x * 100)) for x in DataConfig().split_fractions)
+            return f"{how}; each of the two split {shares} % into train/val/test, seeded by data.split_seed"
+        if fields.get("val_from_train"):
+            return f"{how}; {fields['val_from_train']:.0%} of train/ is val"
+        return f"{how}; val in {fields['val_split']}/"
     if layout == "classfolders":
         shares = "/".join(str(round(x * 100)) for x in DataConfig().split_fractions)
         return f"class folders: every class split {shares} % into train/val/test, seeded by data.split_seed"
@@ -218,6 +266,8 @@ def gather(cfg: DataConfig, sample: int = SAMPLE, colour_sample: int = COLOUR_SA
         refused=refused,
         left_out={k: v for listing in (train, val, test) if listing for k, v in listing.left_out.items()},
         deep_bits=[b for b in map(_significant_bits, _evenly(deep, DEEP_SAMPLE)) if b is not None],
+        labelled_by={rule: sum(listing.labelled_by[rule] for listing in (train, val, test) if listing)
+                     for rule in train.labelled_by},
         copies=identical(File(path, split, listing.classes[target])
                          for split, listing in ((cfg.train_split, train), (cfg.val_split, val), (cfg.test_split, test))
                          if listing for path, target in zip(listing.paths, listing.targets)),
