@@ -358,9 +358,38 @@ def _by_masks(folder: Path) -> tuple[dict[str, list[Path]], dict[str, str], dict
     return files, left_out, rules
 
 
+def csvlabels(cfg: DataConfig, split: str) -> Listing:
+    from dtrain.data import csv_labels
+
+    root, role = _root_and_role(cfg, split)
+    table = Path(cfg.labels_file) if cfg.labels_file else csv_labels.find_table(root)
+    if table is not None and not table.is_absolute():
+        table = root / table
+    if table is None or not table.is_file():
+        raise DtrainError(f"no label table for the csvlabels layout in {root}" if table is None else
+                          f"label table not found: {table}",
+                          "set data.labels_file to the CSV that lists each photo's file and class")
+    images, left_out = images_under(root)
+    got = csv_labels.read(table, root, images)
+    left_out.update((str(p), f"not listed in {table.name}") for p in got.unlisted)
+    classes = sorted({r.label for r in got.rows})
+    names = ("train", "val", "test")
+    if any(r.split is None for r in got.rows):  # no split column or folders: every class cut by split_fractions
+        whole = {c: [r.path for r in got.rows if r.label == c] for c in classes}
+        files = {c: _carve(v, cfg.split_seed, c, cfg.split_fractions)[role] for c, v in whole.items()}
+    elif role < 2 and cfg.val_from_train > 0:  # splits named train and test only: val out of train
+        shares = (1 - cfg.val_from_train, cfg.val_from_train, 0.0)
+        files = {c: _carve([r.path for r in got.rows if r.label == c and r.split == "train"], cfg.split_seed, c,
+                           shares)[role] for c in classes}
+    else:
+        files = {c: sorted(r.path for r in got.rows if r.label == c and r.split == names[role]) for c in classes}
+    return _listing(classes, cfg.negative_class, root, files, left_out)
+
+
 LAYOUTS: dict[str, Callable[[DataConfig, str], Listing]] = {
     "imagefolder": imagefolder,
     "classfolders": classfolders,
     "mvtec": mvtec,
     "masklabels": masklabels,
+    "csvlabels": csvlabels,
 }

@@ -402,7 +402,12 @@ def notes(stats: DataStats) -> list[str]:
     if unread:
         path, why = next(iter(unread.items()))
         out.append(f"{len(unread)} photos left out of every split: their masks cannot be read (e.g. {path}: {why})")
-    truth = {p: why for p, why in stats.left_out.items() if p not in unread}
+    unlisted = {p: why for p, why in stats.left_out.items() if why.startswith("not listed in")}
+    if unlisted:
+        path, why = next(iter(unlisted.items()))
+        out.append(f"{len(unlisted)} images under the data folder are not in the label table and are left out of every "
+                   f"split (e.g. {path}: {why})")
+    truth = {p: why for p, why in stats.left_out.items() if p not in unread and p not in unlisted}
     if truth:
         path, why = next(iter(truth.items()))
         masks = sum(not p.endswith(("/", "\\")) for p in truth)  # folders end in a separator

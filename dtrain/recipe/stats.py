@@ -99,6 +99,8 @@ def detect_layout(root: Path) -> dict[str, Any]:
         return _masklabels_splits(root)
     if not (root / "train").is_dir() and _labelled_by_masks(root):
         return {"layout": "masklabels"}
+    if (table := _label_table(root)) is not None:
+        return table
     if (root / "train").is_dir():
         val = next((name for name in VAL_NAMES if (root / name).is_dir()), None)
         if val is not None and (root / "test").is_dir():
@@ -175,6 +177,30 @@ def _labelled_by_masks(folder: Path) -> bool:
     return bool(masks_of_images(folder)[2])
 
 
+def _label_table(root: Path) -> dict[str, Any] | None:
+    """csvlabels' fields when `root` holds a table of labels (dtrain.data.csv_labels) and its
+    folders name no classes (none, numbered ones, or split folders without class folders)."""
+    from dtrain.data import csv_labels
+    from dtrain.data.layouts import class_folders_with_images
+    from dtrain.data.masks import images_under
+
+    table = csv_labels.find_table(root)
+    if table is None:
+        return None
+    for folder in [root / s for s in ("train", "val", "test") if (root / s).is_dir()] or [root]:
+        try:
+            groups = list(class_folders_with_images(folder))
+        except DtrainError:  # images/ beside annotations/: no classes in folders
+            groups = []
+        if len(groups) >= 2 and not _numbered(groups) and not all(g.lower() in csv_labels.SPLIT_ROLES for g in groups):
+            return None
+    rows = csv_labels.read(table, root, images_under(root)[0]).rows
+    fields: dict[str, Any] = {"layout": "csvlabels", "labels_file": table.name}
+    if all(r.split for r in rows) and not any(r.split == "val" for r in rows):
+        fields["val_from_train"] = VAL_FROM_TRAIN
+    return fields
+
+
 def _numbered(names: list[str]) -> bool:
     """Two or more names that differ only in a trailing number ("kos01", "Class_2")."""
     stems = {re.sub(r"[\s_\-]*\d+$", "", n).lower() if re.search(r"\d$", n) else None for n in names}
@@ -209,6 +235,11 @@ def describe_layout(fields: dict[str, Any]) -> str:
         if fields.get("val_from_train"):
             return f"{how}; {fields['val_from_train']:.0%} of train/ is val"
         return f"{how}; val in {fields['val_split']}/"
+    if layout == "csvlabels":
+        how = f"labels from the table {fields['labels_file']}"
+        if fields.get("val_from_train"):
+            return f"{how}; its train and test splits, {fields['val_from_train']:.0%} of train is val"
+        return f"{how}; its splits, or every class split by data.split_fractions where it names none"
     if layout == "classfolders":
         shares = "/".join(str(round(x * 100)) for x in DataConfig().split_fractions)
         return f"class folders: every class split {shares} % into train/val/test, seeded by data.split_seed"
