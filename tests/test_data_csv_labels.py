@@ -112,6 +112,14 @@ def test_what_a_table_cannot_say_is_refused(tmp_path, rows, said):
     assert said in err.value.message
 
 
+def test_a_table_saved_by_a_windows_spreadsheet_is_read(tmp_path):
+    for i in range(2):
+        _photo(tmp_path / f"a{i}.png", i)
+    (tmp_path / "labels.csv").write_bytes("file;label\na0.png;défaut\na1.png;ok\n".encode("cp1252"))
+    listing = scan(DataConfig(root=str(tmp_path), layout="csvlabels", split_fractions=(1.0, 0.0, 0.0)), "train")
+    assert listing.classes == ["défaut", "ok"] and len(listing.paths) == 2
+
+
 def test_class_folders_beside_a_stray_table_stay_class_folders(tmp_path):
     for name in ("crack", "ok"):
         for i in range(4):

@@ -115,9 +115,13 @@ def _split_folder(path: Path, root: Path) -> str | None:
 
 def _records(table: Path) -> tuple[list[str], list[list[str]]]:
     try:
-        text = table.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DtrainError(f"cannot read the label table {table}: {exc}", "save it as UTF-8 text (CSV)") from None
+        raw = table.read_bytes()
+    except OSError as exc:
+        raise DtrainError(f"cannot read the label table {table}: {exc}", "check the file's permissions") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:  # a spreadsheet's export on Windows: its code page, as Excel writes it
+        text = raw.decode("cp1252", errors="replace")
     try:
         dialect = csv.Sniffer().sniff(text[:SNIFF_BYTES], delimiters=",;\t|")
     except csv.Error:
