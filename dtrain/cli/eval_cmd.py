@@ -103,7 +103,9 @@ def quickstart_command(
     nproc: int | None = typer.Option(None, "--nproc", min=1, help="DDP processes (default: one per GPU, else 2, capped by the cores)."),
     image_size: int | None = typer.Option(None, "--image-size", min=16, max=512, help="Image side in pixels (default: the recipe's)."),
     data: Path | None = typer.Option(
-        None, "--data", help="Your own labelled images (ImageFolder ROOT/{train,val,test}/<class> or MVTec-AD): "
+        None, "--data", help="Your own labelled images: ImageFolder ROOT/{train,val,test}/<class>, class folders ROOT/<class>, "
+        "MVTec-AD, photos beside their masks (KolektorSDD2's 10000.png + 10000_GT.png) or a table of file and class "
+        "(labels.csv); the layout is found and printed. "
         "the recipe decides input size, how the network sees and pools, sampling of rare classes and the training budget from them, and says why.",
     ),
     budget_minutes: float = typer.Option(
