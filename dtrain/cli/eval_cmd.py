@@ -106,7 +106,7 @@ def quickstart_command(
         None, "--data", help="Your own labelled images: ImageFolder ROOT/{train,val,test}/<class>, class folders ROOT/<class>, "
         "MVTec-AD, photos beside their masks (KolektorSDD2's 10000.png + 10000_GT.png) or a table of file and class "
         "(labels.csv); the layout is found and printed. "
-        "the recipe decides input size, how the network sees and pools, sampling of rare classes and the training budget from them, and says why.",
+        "The recipe decides input size, how the network sees and pools, sampling of rare classes and the training budget from them, and says why.",
     ),
     budget_minutes: float = typer.Option(
         30.0, "--budget-minutes", min=1.0, help="With --data: the whole run's wall-clock budget; a timed probe of "
