@@ -66,6 +66,8 @@ def test_wide_images_get_a_rectangle_of_their_proportions():
     cfg = validate(TrainConfig, _merged(TRAIN, D.as_config(D.plan(wide) + [D.inference_views(10, 1e-3, 1800, square=False)])),
                    "recipe")
     assert cfg.data.input_hw == (side, width.value) and cfg.model.views == 4
+    # the augmentation's reason counts the symmetries a rectangle keeps
+    assert "(4 symmetries" in D.augmentation(wide)[0].reason and "(8 symmetries)" in D.augmentation(_stats())[0].reason
 
 
 def test_rare_classes_are_drawn_more_often_and_named_in_a_note():

@@ -280,11 +280,13 @@ def negative_class(stats: DataStats) -> Decision:
 
 
 def augmentation(stats: DataStats) -> list[Decision]:
+    # A rectangle keeps its shape: flips and the half turn only (data/transforms.py).
+    turns = "8 symmetries" if aspect(stats) is None else "4 symmetries: flips and the half turn, which keep a rectangle"
     return [
         Decision(
             "data.augment", True,
             f"{stats.grey_share:.0%} of the sampled images are grey (decoded to three equal channels); the augmentation "
-            "changes orientation (8 symmetries), brightness and contrast, never hue, so it suits grey and colour alike",
+            f"changes orientation ({turns}), brightness and contrast, never hue, so it suits grey and colour alike",
         ),
         Decision(
             "data.shift", SHIFT,
