@@ -101,6 +101,7 @@ def test_split_folders_and_a_table_without_a_header(tmp_path):
 @pytest.mark.parametrize("rows,said", [
     (["file,label", "a.png,ok", "a.png,dent"], "lists a.png twice, as 'ok' and 'dent'"),
     (["file,label", "a.png,ok", "gone.png,dent"], "lists 1 files that are not under"),
+    (["file,split,label", "a.png,train,ok", "a.png,test,ok"], "lists a.png twice, in the train and the test split"),
     (["id,label", "1,ok", "2,dent"], "no column of"),
     (["file,label", "a.png,ok,extra"], "same number"),
 ])

@@ -19,6 +19,7 @@ Images under the folder that the table does not list are left out and counted.
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,26 +54,7 @@ def read(table: Path, root: Path, images: list[Path]) -> Table:
     """The rows of `table` for the photos `images` under `root` (what the folder holds, masks
     and debris already left out)."""
     header, records = _records(table)
-    by_rel = {str(p.relative_to(root)).replace("\\", "/").lower(): p for p in images}
-    by_table_rel = {}
-    for p in images:
-        try:
-            by_table_rel[str(p.relative_to(table.parent)).replace("\\", "/").lower()] = p
-        except ValueError:
-            pass
-    names: dict[str, list[Path]] = {}
-    for p in images:
-        names.setdefault(p.name.lower(), []).append(p)
-    by_name = {n: ps[0] for n, ps in names.items() if len(ps) == 1}
-
-    def find(value: str) -> Path | None:
-        key = value.strip().replace("\\", "/").lower()
-        while key.startswith("./"):
-            key = key[2:]
-        if key.startswith("/"):  # an absolute path: under the data folder, or found by its name
-            key = key[len(str(root).lower()):].lstrip("/") if key.startswith(str(root).lower() + "/") else key
-        return by_rel.get(key) or by_table_rel.get(key) or by_name.get(key.rsplit("/", 1)[-1])
-
+    find = _finder(table, root, images)
     file_col = _file_column(header, records, find, table)
     if find(header[file_col]) is not None:  # no header: the first line is a photo's row too
         header, records = [f"column {i + 1}" for i in range(len(header))], [header, *records]
@@ -82,7 +64,7 @@ def read(table: Path, root: Path, images: list[Path]) -> Table:
     missing: list[str] = []
     for rec in records:
         value, label = rec[file_col].strip(), rec[label_col].strip()
-        if not value or not label:
+        if not value or not label:  # an unlabelled row: the photo is left out as unlisted
             continue
         path = find(value)
         if path is None:
@@ -91,10 +73,13 @@ def read(table: Path, root: Path, images: list[Path]) -> Table:
         split = SPLIT_ROLES[rec[split_col].strip().lower()] if split_col is not None else _split_folder(path, root)
         row = Row(path, label, split)
         if path in rows and rows[path] != row:
+            before = rows[path]
+            what = (f"as {before.label!r} and {label!r}" if before.label != label
+                    else f"in the {before.split} and the {split} split")
             raise DtrainError(
-                f"{table} lists {value} twice, as {rows[path].label!r} and {label!r}",
-                "dtrain trains one class per photo: keep one row per photo (for several defects on one part, "
-                "label it by the one that decides its fate)",
+                f"{table} lists {value} twice, {what}",
+                "keep one row per photo: dtrain trains one class per photo, in one split (for several defects on one "
+                "part, label it by the one that decides its fate)",
             )
         rows[path] = row
     if missing:
@@ -102,9 +87,38 @@ def read(table: Path, root: Path, images: list[Path]) -> Table:
             f"{table} lists {len(missing)} files that are not under {root}, e.g. {missing[0]}",
             "paths in the table are read relative to the data folder or to the table; fix them or copy the images in",
         )
-    listed = set(rows)
-    names_ = header[file_col], header[label_col], None if split_col is None else header[split_col]
-    return Table(list(rows.values()), names_, [p for p in images if p not in listed])
+    columns = header[file_col], header[label_col], None if split_col is None else header[split_col]
+    return Table(list(rows.values()), columns, [p for p in images if p not in rows])
+
+
+def _finder(table: Path, root: Path, images: list[Path]) -> Callable[[str], Path | None]:
+    """A table's file value -> the photo it names: a path relative to the data folder or to the
+    table (or an absolute one under the folder), else a bare file name no two photos share."""
+    def keys(base: Path) -> dict[str, Path]:
+        out = {}
+        for p in images:
+            try:
+                out[str(p.relative_to(base)).replace("\\", "/").lower()] = p
+            except ValueError:  # the table lies deeper than some photos
+                pass
+        return out
+
+    by_rel, by_table_rel = keys(root), keys(table.parent)
+    names: dict[str, list[Path]] = {}
+    for p in images:
+        names.setdefault(p.name.lower(), []).append(p)
+    by_name = {n: ps[0] for n, ps in names.items() if len(ps) == 1}
+    prefix = str(root).replace("\\", "/").lower().rstrip("/") + "/"
+
+    def find(value: str) -> Path | None:
+        key = value.strip().replace("\\", "/").lower()
+        while key.startswith("./"):
+            key = key[2:]
+        if key.startswith(prefix):  # an absolute path under the data folder
+            key = key[len(prefix):]
+        return by_rel.get(key) or by_table_rel.get(key) or by_name.get(key.rsplit("/", 1)[-1])
+
+    return find
 
 
 def _split_folder(path: Path, root: Path) -> str | None:
