@@ -152,8 +152,8 @@ def recipe_config(
     from dtrain.data.config import DataConfig
     from dtrain.recipe import budget
     from dtrain.recipe.decide import (
-        Decision, as_config, aspect, inference_views, input_side, max_epochs, network, notes, plan, time_budget,
-        width_for,
+        Decision, as_config, aspect, inference_views, input_side, lend_test_images, max_epochs, network, notes, plan,
+        time_budget, width_for,
     )
     from dtrain.recipe.folds import plan_folds
     from dtrain.recipe.stats import describe_layout, detect_layout, gather
@@ -161,6 +161,11 @@ def recipe_config(
     layout = detect_layout(data_dir)
     data = DataConfig(root=str(data_dir), **layout)
     stats = gather(data)
+    lent = lend_test_images(layout, stats)
+    if lent is not None:  # MVTec-AD trains on good parts only: read it again with test images lent to train
+        layout = {**layout, "mvtec_train_fraction": lent.value}
+        data = DataConfig(root=str(data_dir), **layout)
+        stats = gather(data)
     print(f"recipe: {stats.n_train} training images in {len(stats.classes)} classes ({describe_layout(layout)})",
           file=stream)
     labelled = {c: stats.train_counts.get(c, 0) + stats.val_counts.get(c, 0) for c in stats.classes}
@@ -187,7 +192,7 @@ def recipe_config(
         k, why_k = opts.folds, f"; --folds {opts.folds} overrides the recipe's {folds.k}"
         fit = budget.fit_budget(wanted, k + 1 if k else 1, opts.budget_minutes * 60, seconds_per_image, needed)
     n_final = stats.n_train + stats.n_val if k else stats.n_train
-    decisions = plan(stats, fit.side, fit.images_seen, fit.reason, n_final, kfold=bool(k))
+    decisions = ([lent] if lent else []) + plan(stats, fit.side, fit.images_seen, fit.reason, n_final, kfold=bool(k))
     # Scored after training: the test split (taken as large as validation), and validation or,
     # under k-fold, every labelled image out of fold.
     n_scored = stats.n_val + (stats.n_train + stats.n_val if k else stats.n_val)

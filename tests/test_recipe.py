@@ -284,3 +284,30 @@ def test_quickstart_data_on_bare_class_folders_splits_trains_and_reports(class_f
     report = json.loads((work / "report.json").read_text())
     total = sum(1 for _ in flat.glob("*/*.png"))
     assert abs(report["n_images"] - 0.2 * total) <= len(list(flat.iterdir())), report["n_images"]
+
+
+def test_an_mvtec_category_lends_test_images_to_train_so_the_classifier_sees_defects(synth_data, tmp_path):
+    """MVTec-AD's train/ holds good parts only: trained as it is, a classifier never sees a defect."""
+    import io
+
+    from dtrain.quickstart import QuickstartOptions, recipe_config
+
+    base = tmp_path / "bottle"
+    for sub, (split, cls, n) in {"train/good": ("train", "ok", 20), "test/good": ("test", "ok", 10),
+                                 "test/crack": ("test", "crack", 8), "test/dent": ("test", "dent", 8)}.items():
+        (base / sub).mkdir(parents=True)
+        for p in sorted((synth_data / split / cls).glob("*.png"))[:n]:
+            shutil.copy(p, base / sub / p.name)
+    out = io.StringIO()
+    recipe = recipe_config(QuickstartOptions(data=base, folds=0), base, tmp_path / "train", out,
+                           seconds_per_image=lambda side: 1e-5)
+    assert "recipe: data.mvtec_train_fraction = 0.5  (MVTec-AD's train/ holds only good parts" in out.getvalue()
+    assert recipe.cfg["data"]["mvtec_train_fraction"] == 0.5 and recipe.data.mvtec_train_fraction == 0.5
+    stats = gather(recipe.data)
+    assert stats.train_counts == {"crack": 4, "dent": 4, "good": 25}  # half of every test class, good parts too
+    # where train/ already holds defects (a supervised copy of the layout), nothing is lent
+    (base / "train" / "crack").mkdir()
+    shutil.copy(next((synth_data / "train" / "crack").glob("*.png")), base / "train" / "crack" / "x.png")
+    again = recipe_config(QuickstartOptions(data=base, folds=0), base, tmp_path / "train2", io.StringIO(),
+                          seconds_per_image=lambda side: 1e-5)
+    assert "mvtec_train_fraction" not in again.cfg["data"]

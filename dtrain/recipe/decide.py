@@ -367,6 +367,29 @@ def plan(
 CAMERA_BITS = (8, 10, 12, 14, 16)
 
 
+# MVTec-AD's own train/ holds good parts only (its protocol is anomaly detection), and a
+# classifier learns a defect only from examples of it: this share of every test class (good
+# parts too, so the classes keep their proportions) is lent to train, and the rest is cut into
+# val and test as before. Half, because the held-out defects are also what the threshold and
+# its miss-rate bound rest on, and an MVTec category has only 40-110 of them.
+MVTEC_LEND = 0.5
+
+
+def lend_test_images(layout: dict[str, Any], stats: DataStats) -> Decision | None:
+    """data.mvtec_train_fraction when an MVTec-AD layout trains on no defect at all; None otherwise."""
+    if layout.get("layout") != "mvtec" or layout.get("mvtec_train_fraction") or stats.negative_class is None:
+        return None
+    if any(n for c, n in stats.train_counts.items() if c != stats.negative_class):
+        return None
+    return Decision(
+        "data.mvtec_train_fraction", MVTEC_LEND,
+        f"MVTec-AD's train/ holds only {stats.negative_class} parts (its protocol is for anomaly detection), and a "
+        f"classifier learns a defect only from examples of it: {MVTEC_LEND:.0%} of every test class is lent to train, "
+        "the rest cut into val and test; the figures are then on that rest, not comparable with MVTec's published "
+        "anomaly-detection results",
+    )
+
+
 def sample_bits(stats: DataStats) -> list[Decision]:
     """`data.sample_bits` where sampled 16-bit images use fewer than 16 bits; nothing otherwise."""
     if not stats.deep_bits or max(stats.deep_bits) > CAMERA_BITS[-2]:
