@@ -33,7 +33,8 @@ what was left out and why.
 
 Classes are the sorted union of the class folders of all splits, so every split of one
 data set agrees on the label numbering. An empty split name (`val_split: ""`) means the
-data set has no such split: it adds no classes, and MVTec carves no val split. "ok", "good" and "normal" are synonyms for the
+data set has no such split: it adds no classes (MVTec still carves its share out of test, unlisted, so the
+test split does not change with it). "ok", "good" and "normal" are synonyms for the
 negative class: the config default "ok" works on MVTec's "good" without an override, then on one class whose name
 reads as defect-free ("MT_Free", "ok_front", "no_defect": `says_defect_free`), and on data with none of them
 (defect types only) it means "no negative class" (`negative_index` None: a classification task).
@@ -310,7 +311,9 @@ def mvtec(cfg: DataConfig, split: str) -> Listing:
         pool = _shuffled(pool, cfg.split_seed, name)
         n_train = int(len(pool) * cfg.mvtec_train_fraction)
         rest = pool[n_train:]
-        n_val = int(round(len(rest) * cfg.mvtec_val_fraction)) if cfg.val_split else 0
+        # Carved whether or not val is read: a k-fold final model trained on it, and `dtrain eval`
+        # then reads this data set without val (evaluation.evaluate), so its test split stays the same.
+        n_val = int(round(len(rest) * cfg.mvtec_val_fraction))
         chosen = {"train": official_train + pool[:n_train], "val": rest[:n_val], "test": rest[n_val:]}[role]
         files[name] = sorted(chosen)
     return _listing(classes, cfg.negative_class, base, files, left_out)
