@@ -166,7 +166,7 @@ def test_what_a_mask_marks(tmp_path):
     train = scan(cfg, "train")
     assert _labels(train) == {str(root / "train" / "0.png"): True, str(root / "train" / "1.png"): False,
                               str(root / "train" / "2.png"): False}
-    assert "its mask 3.png cannot be read" in train.left_out[str(root / "train" / "3.png")]
+    assert "its mask cannot be read (3.png)" in train.left_out[str(root / "train" / "3.png")]
     assert train.labelled_by == {"its mask marks pixels": 1, "its mask is empty": 2, "it has no mask": 0}
     assert _labels(scan(cfg, "test")) == {str(root / "test" / f"{i}.png"): i == 0 for i in range(4)}
 

@@ -189,10 +189,20 @@ def _val_from_train(cfg: DataConfig, split: str) -> Listing:
         return imagefolder(plain, split)
     whole = imagefolder(plain, cfg.train_split)
     part = 0 if split == cfg.train_split else 1
-    shares = (1 - cfg.val_from_train, cfg.val_from_train, 0.0)
-    files = {name: _carve([Path(p) for p, t in zip(whole.paths, whole.targets) if t == i], cfg.split_seed, name, shares)[part]
-             for i, name in enumerate(whole.classes)}
+    by_class = {name: [Path(p) for p, t in zip(whole.paths, whole.targets) if t == i] for i, name in enumerate(whole.classes)}
+    files = _carve_classes(by_class, cfg, _train_val_shares(cfg), part)
     return _listing(whole.classes, cfg.negative_class, Path(cfg.root), files, whole.left_out)
+
+
+def _carve_classes(files: dict[str, list[Path]], cfg: DataConfig, shares: tuple[float, float, float],
+                   role: int) -> dict[str, list[Path]]:
+    """Every class's files cut by `shares` (_carve), the `role`-th part (0 train, 1 val, 2 test)."""
+    return {name: _carve(paths, cfg.split_seed, name, shares)[role] for name, paths in files.items()}
+
+
+def _train_val_shares(cfg: DataConfig) -> tuple[float, float, float]:
+    """A train folder cut into train and val by data.val_from_train."""
+    return 1 - cfg.val_from_train, cfg.val_from_train, 0.0
 
 
 def _carve(files: list[Path], seed: int, name: str, shares: tuple[float, float, float]) -> tuple[list[Path], ...]:
@@ -258,7 +268,7 @@ def classfolders(cfg: DataConfig, split: str) -> Listing:
     found = class_folders_with_images(root, left_out)
     if not found:
         raise DtrainError(f"no class folders with images in {root}", "put each class's images in ROOT/<class>/")
-    files = {name: _carve(images, cfg.split_seed, name, cfg.split_fractions)[role] for name, images in found.items()}
+    files = _carve_classes(found, cfg, cfg.split_fractions, role)
     return _listing(list(found), cfg.negative_class, root, files, left_out)
 
 
@@ -322,17 +332,19 @@ def mvtec(cfg: DataConfig, split: str) -> Listing:
 # masklabels' two classes, and the rules that put a photo in one (Listing.labelled_by's keys).
 MASK_DEFECT, MASK_OK = "defect", "ok"
 MASK_RULES = ("its mask marks pixels", "its mask is empty", "it has no mask")
+# How Listing.left_out's reasons begin for photos (not masks) a layout leaves out: the recipe's
+# notes count each kind apart from the ground truth.
+UNREADABLE_MASK, UNLISTED = "its mask cannot be read", "not listed in"
 
 
 def masklabels(cfg: DataConfig, split: str) -> Listing:
     root, role = _root_and_role(cfg, split)
     if not (root / cfg.train_split).is_dir():  # one folder of photos: every class cut by split_fractions
         whole, left_out, rules = _by_masks(root)
-        files = {c: _carve(v, cfg.split_seed, c, cfg.split_fractions)[role] for c, v in whole.items()}
+        files = _carve_classes(whole, cfg, cfg.split_fractions, role)
     elif role < 2 and cfg.val_from_train > 0:  # val carved out of train, as imagefolder's
         whole, left_out, rules = _by_masks(root / cfg.train_split)
-        shares = (1 - cfg.val_from_train, cfg.val_from_train, 0.0)
-        files = {c: _carve(v, cfg.split_seed, c, shares)[role] for c, v in whole.items()}
+        files = _carve_classes(whole, cfg, _train_val_shares(cfg), role)
     else:
         _require_dir(root / split, f"split '{split}'", "expected ROOT/<split>/ with the photos and their masks")
         files, left_out, rules = _by_masks(root / split)
@@ -354,7 +366,7 @@ def _by_masks(folder: Path) -> tuple[dict[str, list[Path]], dict[str, str], dict
         mask = masks.get(str(photo))
         marked = None if mask is None else marks_pixels(mask)
         if mask is not None and marked is None:
-            left_out[str(photo)] = f"its mask {mask.name} cannot be read, so its label is unknown"
+            left_out[str(photo)] = f"{UNREADABLE_MASK} ({mask.name}), so its label is unknown"
             continue
         rules[str(photo)] = MASK_RULES[2] if mask is None else MASK_RULES[0] if marked else MASK_RULES[1]
         files[MASK_DEFECT if marked else MASK_OK].append(photo)
@@ -374,18 +386,18 @@ def csvlabels(cfg: DataConfig, split: str) -> Listing:
                           "set data.labels_file to the CSV that lists each photo's file and class")
     images, left_out = images_under(root)
     got = csv_labels.read(table, root, images)
-    left_out.update((str(p), f"not listed in {table.name}") for p in got.unlisted)
+    left_out.update((str(p), f"{UNLISTED} {table.name}") for p in got.unlisted)
     classes = sorted({r.label for r in got.rows})
     names = ("train", "val", "test")
+    def of_class(label: str, split: str | None = None) -> list[Path]:
+        return sorted(r.path for r in got.rows if r.label == label and (split is None or r.split == split))
+
     if any(r.split is None for r in got.rows):  # no split column or folders: every class cut by split_fractions
-        whole = {c: [r.path for r in got.rows if r.label == c] for c in classes}
-        files = {c: _carve(v, cfg.split_seed, c, cfg.split_fractions)[role] for c, v in whole.items()}
+        files = _carve_classes({c: of_class(c) for c in classes}, cfg, cfg.split_fractions, role)
     elif role < 2 and cfg.val_from_train > 0:  # splits named train and test only: val out of train
-        shares = (1 - cfg.val_from_train, cfg.val_from_train, 0.0)
-        files = {c: _carve([r.path for r in got.rows if r.label == c and r.split == "train"], cfg.split_seed, c,
-                           shares)[role] for c in classes}
+        files = _carve_classes({c: of_class(c, "train") for c in classes}, cfg, _train_val_shares(cfg), role)
     else:
-        files = {c: sorted(r.path for r in got.rows if r.label == c and r.split == names[role]) for c in classes}
+        files = {c: of_class(c, names[role]) for c in classes}
     return _listing(classes, cfg.negative_class, root, files, left_out)
 
 

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from dtrain.data.layouts import NEGATIVE_SYNONYMS
+from dtrain.data.layouts import NEGATIVE_SYNONYMS, UNLISTED, UNREADABLE_MASK
 from dtrain.recipe import copies
 from dtrain.recipe.stats import DataStats
 
@@ -423,11 +423,11 @@ def notes(stats: DataStats) -> list[str]:
         rules = ", ".join(f"{n} because {rule}" for rule, n in stats.labelled_by.items() if n)
         out.append(f"labels read from the masks (data.layout masklabels): {rules} (marked: defect; empty or none: ok). "
                    "If photos without a mask are not all good parts, sort the photos into class folders instead")
-    unread = {p: why for p, why in stats.left_out.items() if why.startswith("its mask")}
+    unread = {p: why for p, why in stats.left_out.items() if why.startswith(UNREADABLE_MASK)}
     if unread:
         path, why = next(iter(unread.items()))
         out.append(f"{len(unread)} photos left out of every split: their masks cannot be read (e.g. {path}: {why})")
-    unlisted = {p: why for p, why in stats.left_out.items() if why.startswith("not listed in")}
+    unlisted = {p: why for p, why in stats.left_out.items() if why.startswith(UNLISTED)}
     if unlisted:
         path, why = next(iter(unlisted.items()))
         out.append(f"{len(unlisted)} images under the data folder are not in the label table and are left out of every "

@@ -96,22 +96,14 @@ def detect_layout(root: Path) -> dict[str, Any]:
     if not root.is_dir():
         raise DtrainError(f"data directory not found: {root}", "pass --data the folder that holds train/ (and val/, test/)")
     if (root / "train").is_dir() and _labelled_by_masks(root / "train"):
-        return _masklabels_splits(root)
+        return {"layout": "masklabels", **_split_folders(root)}
     if not (root / "train").is_dir() and _labelled_by_masks(root):
         return {"layout": "masklabels"}
     if (table := _label_table(root)) is not None:
         return table
-    if (root / "train").is_dir():
-        val = next((name for name in VAL_NAMES if (root / name).is_dir()), None)
-        if val is not None and (root / "test").is_dir():
-            return {"layout": "imagefolder", "val_split": val}
-        if val is not None:
-            # train/ + valid/ only (as many published sets ship): the val folder is the held-out set results
-            # are quoted on, so it becomes the test split, and val is carved out of train as below. The carved
-            # split gets a name no folder has, so it never reads the val folder.
-            return {"layout": "imagefolder", "test_split": val, "val_split": CARVED_VAL, "val_from_train": VAL_FROM_TRAIN}
-        if (root / "test").is_dir() and not (root / "train" / "good").is_dir():
-            return {"layout": "imagefolder", "val_from_train": VAL_FROM_TRAIN}
+    mvtec_like = (root / "train" / "good").is_dir()  # train/ + test/ alone is MVTec's shape when train/ holds good/
+    if (root / "train").is_dir() and (_val_folder(root) or ((root / "test").is_dir() and not mvtec_like)):
+        return {"layout": "imagefolder", **_split_folders(root)}
     if (root / "train" / "good").is_dir() or any((d / "train" / "good").is_dir() for d in root.iterdir() if d.is_dir()):
         return {"layout": "mvtec"}
     if len(class_folders_with_images(root)) >= 2:
@@ -207,15 +199,23 @@ def _numbered(names: list[str]) -> bool:
     return len(names) >= 2 and len(stems) == 1 and None not in stems
 
 
-def _masklabels_splits(root: Path) -> dict[str, Any]:
-    """masklabels over split folders, named as imagefolder's are found (val, or carved out of train)."""
-    val = next((name for name in VAL_NAMES if (root / name).is_dir()), None)
+def _val_folder(root: Path) -> str | None:
+    return next((name for name in VAL_NAMES if (root / name).is_dir()), None)
+
+
+def _split_folders(root: Path) -> dict[str, Any]:
+    """The split fields of a ROOT/train/ layout: a val folder under any of its names; train/ +
+    valid/ only (as many published sets ship): the val folder is the held-out set results are
+    quoted on, so it becomes the test split, and val is carved out of train under a name no
+    folder has (so the val folder is never read); no val folder: val carved out of train; no
+    test folder either: no test split."""
+    val = _val_folder(root)
     test = (root / "test").is_dir()
     if val is not None and test:
-        return {"layout": "masklabels", "val_split": val}
+        return {"val_split": val}
     if val is not None:
-        return {"layout": "masklabels", "test_split": val, "val_split": CARVED_VAL, "val_from_train": VAL_FROM_TRAIN}
-    return {"layout": "masklabels", "val_from_train": VAL_FROM_TRAIN, **({} if test else {"test_split": ""})}
+        return {"test_split": val, "val_split": CARVED_VAL, "val_from_train": VAL_FROM_TRAIN}
+    return {"val_from_train": VAL_FROM_TRAIN, **({} if test else {"test_split": ""})}
 
 
 def _loose_images(root: Path) -> list[Path]:
