@@ -52,6 +52,22 @@ def small_copy(src: Path, dst: Path, per_class: dict[str, int]) -> Path:
     return dst
 
 
+def write_masks(root: Path, seed: int = 0, size: int = 32, difficulty: float = 0.5) -> None:
+    """Beside every defective picture of a copy of synth_data, its defect mask, as
+    `dtrain data synth --masks` writes it (the fixture's seed, size and difficulty)."""
+    from PIL import Image
+
+    from dtrain.data.synth import CLASSES, SPLITS, defect_mask, render_image
+
+    for photo in sorted(root.glob("*/*/*.png")):
+        split, cls = photo.parent.parent.name, photo.parent.name
+        if cls == "ok":
+            continue
+        args = (seed, SPLITS.index(split), CLASSES.index(cls), int(photo.stem.split("_")[1]), size, difficulty)
+        mask = defect_mask(render_image(*args), render_image(*args, with_defect=False))
+        Image.fromarray(mask).save(photo.with_name(f"{photo.stem}_mask.png"))
+
+
 def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO)
     assert proc.returncode == 0, f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
@@ -124,7 +140,8 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(synth_data, tmp_path,
     restore model, optimizer, scheduler, epoch/step and RNG, skip the samples the epoch
     already trained on, and the per-sample seeded augmentation must not depend on worker
     history. `recipe-options`: what `quickstart --data` adds (class-weighted sampling with
-    replacement, per-image standardisation, avg+max pooling, the weight average; and mixup, an option) resumes as exactly.
+    replacement, per-image standardisation, avg+max pooling, the weight average, the mask head
+    on masks beside the photos; and mixup, an option) resumes as exactly.
     """
     data = small_copy(synth_data, tmp_path / "data", {"train": 16, "val": 4})
     extra = dict(epochs=2, batch_size=8, checkpoint_every_steps=4, data={"augment": True, "num_workers": 1})
@@ -133,6 +150,8 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(synth_data, tmp_path,
         extra["model"] = {"arch": "resnet18", "input_norm": "per_image", "pool": "avgmax"}
         extra["ema_decay"] = 0.9  # the average of the weights and its update count resume too
         extra["mixup_alpha"] = 0.4  # blends drawn per (rank, step): a resumed run mixes as the uninterrupted one
+        extra["mask_loss"] = 1.0  # the mask head's weights and optimiser state resume too
+        write_masks(data)
     full = write_config(tmp_path / "full.yaml", data, tmp_path / "full", **extra)
     killed = write_config(tmp_path / "killed.yaml", data, tmp_path / "killed", **extra)
     run(dtrain_cmd + ["train", str(full), "--nproc", "2"])
@@ -161,6 +180,8 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(synth_data, tmp_path,
         assert a["ema_updates"] == b["ema_updates"] == 12
         assert max_diff(a["live_model"], b["live_model"]) <= 1e-6
         assert max_diff(a["model"], a["live_model"]) > 1e-4
+        assert max_diff(a["mask_head"], b["mask_head"]) <= 1e-6
+        assert max_diff(a["mask_head"], interrupted["mask_head"]) > 1e-3
 
 
 @pytest.mark.slow

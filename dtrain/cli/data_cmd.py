@@ -28,6 +28,8 @@ def synth(
     ok_fraction: float | None = typer.Option(None, "--ok-fraction", help="Share of defect-free images in every split [profile: 0.45 / 0.85]."),
     workers: int = typer.Option(0, "--workers", help="Processes to render with (0 = one per CPU core)."),
     force: bool = typer.Option(False, "--force", help="Replace a data set already in OUT."),
+    masks: bool = typer.Option(False, "--masks", help="Also write each defective picture's defect mask beside it "
+                               "(<name>_mask.png: the pixels its defects changed), as segmentation sets ship them."),
     grid: Path | None = typer.Option(None, "--grid", help="Also write a sample grid PNG (one row per class) here."),
 ) -> None:
     """Generate a deterministic synthetic surface-defect data set (metal textures, 6 classes)."""
@@ -56,6 +58,7 @@ def synth(
             ok_fraction=ok_fraction,
             workers=workers or None,
             force=force,
+            masks=masks,
         )
     per_split = ", ".join(f"{split} {sum(c.values())}" for split, c in manifest["counts"].items())
     sides = f"{manifest['size'] // 2}-{manifest['size']}" if "sides" in manifest else manifest["size"]

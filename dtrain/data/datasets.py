@@ -1,6 +1,7 @@
 """Map-style datasets of inspection images: `open_split` and `collate_skip_bad`.
 
-`ds[i]` is `(uint8 [3, S, S], label)`, or `None` when the file cannot be read or
+`ds[i]` is `(uint8 [3, S, S], label)` ([4, S, S] with the photo's defect mask as channel 3
+when the split is opened with masks: dtrain/data/mask_targets.py), or `None` when the file cannot be read or
 decoded: one bad file among millions must not end a week-long run. Bad files are
 collected in `ds.bad_files` from every DataLoader worker process (workers append to a
 small log file named at construction, since a worker's own copy of the dataset dies
@@ -20,10 +21,12 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from torch.utils.data import Dataset, default_collate
 
+from dtrain.data import mask_targets
 from dtrain.data.config import DataConfig, Size, as_hw
-from dtrain.data.layouts import scan
 from dtrain.data.decode import FULL_BITS
+from dtrain.data.layouts import scan
 from dtrain.data.transforms import read_image, resize_uint8, train_augmentation
+from dtrain.errors import ConfigError
 
 log = logging.getLogger("dtrain.data")
 
@@ -45,6 +48,7 @@ class InspectionDataset(Dataset):
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
         cache_decoded: bool = False,
         sample_bits: int = FULL_BITS,  # DataConfig.sample_bits
+        masks: Sequence[str | None] | None = None,  # per photo its mask file (mask_targets.mask_files)
     ) -> None:
         self.paths = list(paths)
         self.targets = list(targets)
@@ -54,6 +58,8 @@ class InspectionDataset(Dataset):
         self.image_size = image_size
         self.sample_bits = sample_bits
         self.transform = transform
+        self.masks = None if masks is None else list(masks)
+        self._bad_masks: set[str] = set()  # warned once per process
         self._bad_local: dict[str, str] = {}
         # Named now, created by the first worker that finds a bad file.
         self._bad_log = os.path.join(tempfile.gettempdir(), f"dtrain-bad-{os.getpid()}-{uuid.uuid4().hex}.log")
@@ -79,10 +85,34 @@ class InspectionDataset(Dataset):
             return self._cache[index] if self._cache_ok[index] else None
         path = self.paths[index]
         try:
-            return resize_uint8(read_image(path, self.sample_bits), self.image_size)
+            return self._pixels(index)
         except _READ_ERRORS as exc:
             self._record_bad(path, exc)
             return None
+
+    def _pixels(self, index: int) -> torch.Tensor:
+        image = resize_uint8(read_image(self.paths[index], self.sample_bits), self.image_size)
+        if self.masks is None:
+            return image
+        return mask_targets.with_mask(image, self._mask(index))
+
+    def _mask(self, index: int) -> torch.Tensor:
+        path = self.masks[index]
+        if path is None:
+            clear = self.targets[index] == self.negative_index
+            return mask_targets.constant_mask(self.image_size, 0 if clear else mask_targets.UNKNOWN)
+        try:
+            mask = mask_targets.read_mask(path, self.image_size)
+        except _READ_ERRORS as exc:  # the photo still trains on its label; its mask is left out
+            if path not in self._bad_masks:
+                self._bad_masks.add(path)
+                log.warning("mask %s cannot be read (%s): its photo trains without it", path, exc)
+            return mask_targets.constant_mask(self.image_size, mask_targets.UNKNOWN)
+        if not mask.any() and self.targets[index] != self.negative_index:
+            # A defective photo's empty mask says nothing of where its defect is (a set may ship
+            # blank masks for the photos nobody annotated): not "nothing here".
+            return mask_targets.constant_mask(self.image_size, mask_targets.UNKNOWN)
+        return mask
 
     def _record_bad(self, path: str, exc: BaseException) -> None:
         reason = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:300]
@@ -114,12 +144,12 @@ class InspectionDataset(Dataset):
 
     def _fill_cache(self) -> None:
         n, s = len(self.paths), self.image_size
-        cache = torch.empty((n, 3, *as_hw(s)), dtype=torch.uint8)
+        cache = torch.empty((n, 3 if self.masks is None else 4, *as_hw(s)), dtype=torch.uint8)
         ok = torch.zeros(n, dtype=torch.bool)
 
         def one(i: int) -> None:
             try:
-                cache[i] = resize_uint8(read_image(self.paths[i], self.sample_bits), s)
+                cache[i] = self._pixels(i)
                 ok[i] = True
             except _READ_ERRORS as exc:
                 self._record_bad(self.paths[i], exc)
@@ -139,9 +169,13 @@ def _remove_quietly(path: str, owner_pid: int) -> None:
         pass
 
 
-def open_split(cfg: DataConfig, split: str, *, train: bool) -> Dataset:
-    """The dataset of one split; `train=True` adds augmentation (if `cfg.augment`)."""
+def open_split(cfg: DataConfig, split: str, *, train: bool, masks: bool = False) -> Dataset:
+    """The dataset of one split; `train=True` adds augmentation (if `cfg.augment`);
+    `masks=True` adds each photo's defect mask as channel 3 (TrainConfig.mask_loss)."""
     if cfg.layout == "shards" or "://" in cfg.root:
+        if masks:
+            raise ConfigError("mask_loss reads masks beside the photos; shards carry the photos only",
+                              "train from the image folders, or set mask_loss: null")
         from dtrain.data.shards import open_shard_split
 
         return open_shard_split(cfg, split, train=train)
@@ -155,6 +189,7 @@ def open_split(cfg: DataConfig, split: str, *, train: bool) -> Dataset:
         transform=train_augmentation(cfg.shift) if (train and cfg.augment) else None,
         cache_decoded=cfg.cache_decoded,
         sample_bits=cfg.sample_bits,
+        masks=mask_targets.mask_files(listing.paths) if masks else None,
     )
 
 

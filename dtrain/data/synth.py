@@ -40,6 +40,8 @@ GENERATOR_VERSION = 3
 SPLITS = ("train", "val", "test")
 # Images per process task, and the set size from which worker processes pay off.
 _CHUNK = 64
+# `--masks`: each defective picture's mask beside it, named as the data layer pairs them.
+MASK_SUFFIX = "_mask"
 _PARALLEL_FROM = 400
 
 Progress = Callable[[int], None]
@@ -122,13 +124,27 @@ def _png_bytes(img: np.ndarray) -> bytes:
 
 
 def _render_chunk(
-    out_dir: str, jobs: list[tuple[int, int, int]], seed: int, size: int, difficulty: float, profile: str = "quickstart"
+    out_dir: str, jobs: list[tuple[int, int, int]], seed: int, size: int, difficulty: float, profile: str = "quickstart",
+    masks: bool = False,
 ) -> int:
     render_one = PROFILES[profile].render
     for split, cls, number in jobs:
         path = Path(out_dir) / SPLITS[split] / CLASSES[cls] / f"{CLASSES[cls]}_{number:05d}.png"
-        path.write_bytes(_png_bytes(render_one(seed, split, cls, number, size, difficulty)))
+        img = render_one(seed, split, cls, number, size, difficulty)
+        path.write_bytes(_png_bytes(img))
+        if masks and CLASSES[cls] != "ok":
+            clean = render_one(seed, split, cls, number, size, difficulty, with_defect=False)
+            path.with_name(f"{path.stem}{MASK_SUFFIX}.png").write_bytes(_png_bytes(defect_mask(img, clean)))
     return len(jobs)
+
+
+def defect_mask(img: np.ndarray, clean: np.ndarray) -> np.ndarray:
+    """uint8 [H, W], 255 where the defects changed the picture by a grey level or more: the
+    same part rendered without them (same texture, light and sensor noise streams) is the
+    reference, so the mask is exactly what was drawn, faint edges included."""
+    diff = np.abs(img.astype(np.int16) - clean.astype(np.int16))
+    changed = diff.max(axis=-1) if diff.ndim == 3 else diff
+    return np.where(changed >= 1, 255, 0).astype(np.uint8)
 
 
 def _prepare(out: Path, force: bool) -> None:
@@ -158,6 +174,7 @@ def synthesize(
     split_fractions: tuple[float, float, float] = (0.6, 0.2, 0.2),
     workers: int | None = None,
     force: bool = False,
+    masks: bool = False,
 ) -> dict:
     """Write the data set and return its manifest. `progress(k)` is called with the
     number of images just finished. Arguments left None take the profile's defaults
@@ -191,14 +208,14 @@ def synthesize(
     if workers > 1 and len(jobs) >= _PARALLEL_FROM:
         # spawn: the caller may hold torch threads, which fork does not copy safely.
         with ProcessPoolExecutor(min(workers, len(chunks)), mp_context=get_context("spawn")) as pool:
-            futures = [pool.submit(_render_chunk, str(out), c, seed, size, difficulty, profile) for c in chunks]
+            futures = [pool.submit(_render_chunk, str(out), c, seed, size, difficulty, profile, masks) for c in chunks]
             for fut in as_completed(futures):
                 done = fut.result()
                 if progress:
                     progress(done)
     else:
         for c in chunks:
-            done = _render_chunk(str(out), c, seed, size, difficulty, profile)
+            done = _render_chunk(str(out), c, seed, size, difficulty, profile, masks)
             if progress:
                 progress(done)
     manifest = {
@@ -216,6 +233,8 @@ def synthesize(
         "negative_class": "ok",
         "counts": counts,
     }
+    if masks:
+        manifest["masks"] = f"each defective picture's <name>{MASK_SUFFIX}.png: the pixels its defects changed"
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest
 

@@ -165,9 +165,12 @@ class InspectionAugment(v2.Transform):
             img = torch.rot90(img, k, dims=(-2, -1))
         fb, fc = params["fb"], params["fc"]
         x = img.to(torch.float32)
-        grey = sum(w * m for w, m in zip(self._GREY, x.mean(dim=(-2, -1)).tolist()))
+        # A fourth channel is the photo's defect mask (dtrain/data/mask_targets.py): it takes
+        # the geometry, not the light.
+        colour = x.narrow(-3, 0, 3)
+        grey = sum(w * m for w, m in zip(self._GREY, colour.mean(dim=(-2, -1)).tolist()))
         # + 0.5 then truncation in the cast = rounding, for the non-negative values left.
-        x.mul_(fb * fc).add_((1 - fc) * fb * grey + 0.5)
+        colour.mul_(fb * fc).add_((1 - fc) * fb * grey + 0.5)
         if params.get("dxy"):
             x = _shift(x, self.shift, *params["dxy"])
         return x.clamp_(0, 255).to(torch.uint8)

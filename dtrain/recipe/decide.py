@@ -297,6 +297,26 @@ def augmentation(stats: DataStats) -> list[Decision]:
     ]
 
 
+# Weight of the per-pixel mask loss beside the class loss (TrainConfig.mask_loss): both are
+# mean cross-entropies of the same order, so equal weights let neither drown the other.
+MASK_LOSS = 1.0
+
+
+def mask_supervision(stats: DataStats) -> Decision:
+    """Pixel labels where the data has them (models/mask_head.py)."""
+    defects = sum(n for c, n in stats.train_counts.items() if c != stats.negative_class)
+    if not stats.masked_defects:
+        return Decision("mask_loss", None, "no defective training photo has a mask beside it: the network learns "
+                        "from the image labels alone")
+    return Decision(
+        "mask_loss", MASK_LOSS,
+        f"{stats.masked_defects} of the {defects} defective training photos have a mask: a small head on the "
+        "network's inner features learns to draw it beside the class loss (equal weights), so the pixel labels tell "
+        "the network where each defect lies instead of leaving it to find which pixels differ; training only, the "
+        "exported network is the classifier alone",
+    )
+
+
 def mixup(stats: DataStats) -> Decision:
     """Blends of two training images (train/mixup.py), for defect types only."""
     if stats.negative_class is not None:
@@ -356,7 +376,8 @@ def plan(
     return [
         negative_class(stats), *sample_bits(stats), side, width, *network(side.value, wanted.value),
         cache(n, side.value, width.value),
-        *augmentation(stats), mixup(stats), *sampling(stats), epochs(n, images_seen, budget), *validation(stats, kfold),
+        *augmentation(stats), mixup(stats), mask_supervision(stats), *sampling(stats), epochs(n, images_seen, budget),
+        *validation(stats, kfold),
         Decision("batch_size", BATCH_SIZE, "per process; keeps one CPU thread per rank busy"),
     ]
 
@@ -438,8 +459,9 @@ def notes(stats: DataStats) -> list[str]:
         masks = sum(not p.endswith(("/", "\\")) for p in truth)  # folders end in a separator
         folders = len(truth) - masks
         what = [f"{n} ground-truth {noun}{'s' if n != 1 else ''}" for n, noun in ((masks, "mask"), (folders, "folder")) if n]
+        use = ("; the training photos' masks are their pixel labels (mask_loss)" if stats.masked_defects else "")
         out.append(f"{' and '.join(what)} among the images, left out of every split (e.g. {path}: {why}); a mask is a picture of "
-                   "the answer, not of the part")
+                   f"the answer, not of the part{use}")
     return out + copies.describe(stats.copies)
 
 

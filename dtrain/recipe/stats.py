@@ -63,6 +63,7 @@ class DataStats:
     copies: list[list[File]] = field(default_factory=list)  # byte-identical files over all splits (recipe.copies)
     deep_bits: list[int] = field(default_factory=list)  # of sampled 16-bit images: bits their largest value needs
     labelled_by: dict[str, int] = field(default_factory=dict)  # masklabels: photos per labelling rule, all splits
+    masked_defects: int = 0  # defective training photos with a mask paired (dtrain.data.mask_targets)
 
     @property
     def n_train(self) -> int:
@@ -297,12 +298,20 @@ def gather(cfg: DataConfig, sample: int = SAMPLE, colour_sample: int = COLOUR_SA
         refused=refused,
         left_out={k: v for listing in (train, val, test) if listing for k, v in listing.left_out.items()},
         deep_bits=[b for b in map(_significant_bits, _evenly(deep, DEEP_SAMPLE)) if b is not None],
+        masked_defects=_masked_defects(train),
         labelled_by={rule: sum(listing.labelled_by[rule] for listing in (train, val, test) if listing)
                      for rule in train.labelled_by},
         copies=identical(File(path, split, listing.classes[target])
                          for split, listing in ((cfg.train_split, train), (cfg.val_split, val), (cfg.test_split, test))
                          if listing for path, target in zip(listing.paths, listing.targets)),
     )
+
+
+def _masked_defects(listing) -> int:
+    from dtrain.data.mask_targets import mask_files
+
+    return sum(mask is not None and target != listing.negative_index
+               for mask, target in zip(mask_files(listing.paths), listing.targets))
 
 
 def _counts(listing) -> dict[str, int]:

@@ -60,6 +60,11 @@ class TrainConfig(StrictModel):
     # Train on blends of two images with the blend of their labels, the blend's weight drawn
     # from Beta(alpha, alpha) per batch (dtrain/train/mixup.py: for defect types, not OK vs defect).
     mixup_alpha: float | None = Field(None, gt=0)
+    # Weight of a per-pixel loss on the training photos' defect masks, drawn by a small head
+    # on the network's third stage beside the class loss (dtrain/models/mask_head.py); the
+    # masks are found beside the photos (dtrain/data/mask_targets.py). None = image labels
+    # only. Training only: the evaluated and exported network is the classifier alone.
+    mask_loss: float | None = Field(None, gt=0)
     max_steps: int | None = Field(None, ge=1)  # stop early (tests, benchmarks)
     # Wall seconds the training loop may take (epochs with their validation and checkpoints;
     # not process start-up). At every epoch end the trainer fits the epochs still to run into

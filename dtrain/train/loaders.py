@@ -143,10 +143,11 @@ def loader_kwargs(cfg: DataConfig, ctx: DistContext) -> dict:
     return kw
 
 
-def build_loaders(cfg: DataConfig, ctx: DistContext, *, batch_size: int, seed: int) -> Loaders:
+def build_loaders(cfg: DataConfig, ctx: DistContext, *, batch_size: int, seed: int, masks: bool = False) -> Loaders:
+    """`masks`: the training photos carry their defect masks as a fourth channel (TrainConfig.mask_loss)."""
     from dtrain.data.datasets import open_split
 
-    train_set = open_split(cfg, cfg.train_split, train=True)
+    train_set = open_split(cfg, cfg.train_split, train=True, masks=masks)
     if cfg.sampling == "sqrt_inverse":
         inner = ClassWeightedSampler(train_set.targets, ctx.world_size, ctx.rank, seed)
     else:

@@ -26,6 +26,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from dtrain.data.transforms import MEAN, STD, normalize_batch
 from dtrain.errors import ConfigError
 from dtrain.models import build_model
+from dtrain.models.build import NORMS
+from dtrain.models.mask_head import with_mask_head
 from dtrain.monitor.rank.client import report_step
 from dtrain.train import checkpoint as ckpt
 from dtrain.train import deadline, dist, mixup, precision
@@ -34,6 +36,7 @@ from dtrain.train.facts import describe, run_facts
 from dtrain.train.config import TrainConfig
 from dtrain.train.loaders import Loaders, build_loaders
 from dtrain.train.logs import NullLog, RunLog
+from dtrain.train.mask_loss import mask_loss, split_mask
 from dtrain.train.schedule import build_optimizer, build_scheduler
 
 @dataclass
@@ -61,6 +64,8 @@ class State:
     best_val_loss: float = float("inf")  # for keep_best
     # The averaged weights (cfg.ema_decay): what is validated and what checkpoints publish.
     ema: WeightAverage | None = None
+    # cfg.mask_loss: the mask head, trained beside `raw` and saved apart from it.
+    head: nn.Module | None = None
 
     def published(self) -> nn.Module:
         """The weights evaluation, export and keep_best see."""
@@ -96,7 +101,8 @@ class _Trainer:
         self.precision = precision.resolve(cfg.precision, ctx.device)
         # Plain values, saved in every checkpoint: what an evaluation report states ran.
         self.facts = run_facts(ctx.device, self.precision.name, ctx.world_size, cfg.seed)
-        self.data: Loaders = build_loaders(cfg.data, ctx, batch_size=cfg.batch_size, seed=cfg.seed)
+        self.data: Loaders = build_loaders(cfg.data, ctx, batch_size=cfg.batch_size, seed=cfg.seed,
+                                           masks=cfg.mask_loss is not None)
         self.steps_per_epoch = len(self.data.train) // cfg.grad_accum
         if self.steps_per_epoch == 0:
             per_rank = len(self.data.sampler)
@@ -123,17 +129,24 @@ class _Trainer:
         raw = build_model(cfg.model, len(self.data.classes)).to(ctx.device)
         if cfg.channels_last:
             raw = raw.to(memory_format=torch.channels_last)
+        trained: nn.Module = raw  # what the optimiser steps and the loop calls (raw, or raw + the mask head)
+        head = None
+        if cfg.mask_loss is not None:
+            trained = with_mask_head(raw, NORMS[cfg.model.norm]).to(ctx.device)
+            if cfg.channels_last:
+                trained = trained.to(memory_format=torch.channels_last)
+            head = trained.head
         # Per-rank randomness (dropout, if a model has it) must differ between ranks.
         torch.manual_seed(cfg.seed * 1000 + ctx.rank)
-        optimizer = build_optimizer(raw, cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.momentum)
+        optimizer = build_optimizer(trained, cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.momentum)
         scheduler = build_scheduler(optimizer, self.total_steps, cfg.optim.warmup_steps, cfg.optim.min_lr_ratio)
-        model: nn.Module = raw
+        model: nn.Module = trained
         if ctx.distributed:
-            model = DDP(raw, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+            model = DDP(trained, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
         if cfg.compile:
             model = torch.compile(model)
         ema = WeightAverage(raw, cfg.ema_decay) if cfg.ema_decay is not None else None
-        return State(raw, model, optimizer, scheduler, self.precision.grad_scaler(ctx.device), ema=ema)
+        return State(raw, model, optimizer, scheduler, self.precision.grad_scaler(ctx.device), ema=ema, head=head)
 
     def restore(self, state: State) -> str:
         """Load last.pt into `state`; returns what happened, for the log."""
@@ -147,6 +160,8 @@ class _Trainer:
         state.raw.load_state_dict(blob.get("live_model", blob["model"]))
         if state.ema is not None:  # a checkpoint without an average starts one at its weights
             state.ema.load(blob["model"], int(blob.get("ema_updates", 0)))
+        if state.head is not None and "mask_head" in blob:  # without it, the head starts afresh
+            state.head.load_state_dict(blob["mask_head"])
         state.optimizer.load_state_dict(blob["optimizer"])
         state.scheduler.load_state_dict(blob["scheduler"])
         # The saved state carries the saved run's total; this run's config says how long it is.
@@ -183,6 +198,7 @@ class _Trainer:
                 f"training {cfg.model.arch} on {len(self.data.classes)} classes: world {ctx.world_size} on {ctx.device.type}, "
                 f"precision {self.precision.name}, {self.steps_per_epoch} steps/epoch x {self.epochs} epochs"
                 + (f", a time budget of {deadline.minutes(cfg.time_budget_s)}" if cfg.time_budget_s else "")
+                + (f", mask loss {cfg.mask_loss:g} on {self.masked_photos()} photos' masks" if state.head is not None else "")
             )
             self.log.message(f"run: {describe(self.facts)}")
             if self.data.negative_index is None:
@@ -260,8 +276,12 @@ class _Trainer:
             t_got = time.perf_counter()
             data_wait += t_got - t_prev
             empty = labels.numel() == 0  # every image of the batch was unreadable
+            masks = None
             if not empty:
-                images = normalize_batch(images.to(dev, non_blocking=True), cfg.channels_last)
+                images = images.to(dev, non_blocking=True)
+                if state.head is not None:
+                    images, masks = split_mask(images)
+                images = normalize_batch(images, cfg.channels_last)
                 labels = labels.to(dev, non_blocking=True)
             micro += 1
             final_micro = micro % accum == 0
@@ -272,14 +292,20 @@ class _Trainer:
                     loss = self.null_loss(state)
                 else:
                     with self.precision.autocast(dev):  # autocast runs cross_entropy in fp32
-                        if cfg.mixup_alpha is None:
-                            loss = F.cross_entropy(state.model(images), labels, weight=self.loss_weight)
-                        else:
+                        lam, perm = None, None
+                        if cfg.mixup_alpha is not None:
                             lam, perm = mixup.draw(cfg.mixup_alpha, labels.shape[0], cfg.seed, ctx.rank, state.step,
                                                    (micro - 1) % accum)
-                            perm = perm.to(dev, non_blocking=True)  # once, for the blend and the loss
-                            logits = state.model(mixup.mix(images, lam, perm))
+                            perm = perm.to(dev, non_blocking=True)  # once, for the blend and the losses
+                            images = mixup.mix(images, lam, perm)
+                        out = state.model(images)
+                        logits, mask_logits = out if masks is not None else (out, None)
+                        if perm is None:
+                            loss = F.cross_entropy(logits, labels, weight=self.loss_weight)
+                        else:
                             loss = mixup.loss(logits, labels, lam, perm, self.loss_weight)
+                        if mask_logits is not None:
+                            loss = loss + cfg.mask_loss * mask_loss(mask_logits, masks, lam, perm)
                 state.scaler.scale(loss / accum).backward()
             window.add(loss.detach(), labels.shape[0])
             step_samples += labels.shape[0]
@@ -330,7 +356,12 @@ class _Trainer:
                 out = state.model(blank)
         finally:
             state.model.train()
-        return out.float().sum() * 0.0
+        outs = out if isinstance(out, tuple) else (out,)  # with the mask head: both outputs reach the loss
+        return sum(o.float().sum() for o in outs) * 0.0
+
+    def masked_photos(self) -> int:
+        masks = getattr(self.data.train_set, "masks", None) or []
+        return sum(m is not None for m in masks)
 
     def mid_epoch_checkpoint_due(self, state: State) -> bool:
         every = self.cfg.checkpoint_every_steps
@@ -407,6 +438,8 @@ class _Trainer:
             }
             if state.ema is not None:
                 payload.update(live_model=_cpu_weights(state.raw), ema_updates=state.ema.updates)
+            if state.head is not None:
+                payload["mask_head"] = _cpu_weights(state.head)
             path = ckpt.save(payload, self.cfg.output_dir, epoch_end=epoch_end, keep=self.cfg.keep_checkpoints)
         return path
 

@@ -1,0 +1,83 @@
+"""Each training photo's defect mask, as a fourth channel beside its pixels (TrainConfig.mask_loss).
+
+Which mask a photo gets (`mask_files`): the file that the data layer pairs with it
+(dtrain/data/masks.py: beside it, in a ground-truth sub-folder, or in masks/ beside
+images/). A photo without one is clear when it belongs to the defect-free class (MVTec's
+good parts have no mask) and UNKNOWN otherwise: a defective photo someone did not mask
+says nothing about where its defect is, and the loss leaves it out rather than teach
+"nothing here".
+
+How it travels (`with_mask`): as channel 3 of the uint8 picture, 0 or 255 per pixel
+(UNKNOWN everywhere when there is none). So the decoded cache, the workers' collate and
+the augmentation's flips, quarter turns and shifts carry it without a second code path;
+the augmentation's brightness and contrast touch channels 0-2 only, and the training loop
+splits it off before normalising.
+
+A mask marks a pixel as masks.marks_pixels reads it: any value above 0 in a lossless
+file (label images store classes as 1, 2, ...), from LOSSY_MARK up in a JPEG. It is
+resized by the pictures' own rule (resize_uint8, so a picture turned to lie across is
+turned with it); any share of a marked pixel stays marked, so a defect a pixel wide is
+not lost to the downscale.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dtrain.data.config import Size, as_hw
+from dtrain.data.masks import CONTAINER_NAMES, LOSSY, LOSSY_MARK, MAX_MASK_PIXELS, masks_of_images
+from dtrain.data.transforms import resize_uint8
+
+UNKNOWN = 127  # the fill of a defective photo with no mask: never a value of a read mask (0 or 255)
+MARKED = 255
+
+
+def mask_files(paths: Sequence[str]) -> list[str | None]:
+    """The mask file paired with each photo, or None. One scan per folder of photos (an
+    `images/` folder's parent, so that its `masks/` sibling is seen)."""
+    found: dict[str, str] = {}
+    scanned: set[str] = set()
+    for path in paths:
+        folder = Path(path).parent
+        if folder.name.lower() in CONTAINER_NAMES:
+            folder = folder.parent
+        key = os.path.realpath(folder)
+        if key in scanned:
+            continue
+        scanned.add(key)
+        _, _, pairs = masks_of_images(folder)
+        found.update((os.path.realpath(p), str(m)) for p, m in pairs.items())
+    return [found.get(os.path.realpath(p)) for p in paths]
+
+
+def read_mask(path: str | Path, size: Size) -> torch.Tensor:
+    """A mask file -> uint8 [1, H, W] of 0 / MARKED at the input size. Raises OSError or
+    ValueError when it cannot be read."""
+    from PIL import Image
+
+    floor = LOSSY_MARK if Path(path).suffix.lower() in LOSSY else 1
+    with Image.open(path) as img:
+        if img.width * img.height > MAX_MASK_PIXELS:
+            raise ValueError(f"{img.width} x {img.height} pixels: larger than a mask is read")
+        # 16/32-bit grey is read as it is (Pillow's 8-bit conversion would clip it).
+        values = np.asarray(img if img.mode.startswith("I") else img.convert("L"))
+    marked = torch.from_numpy(np.ascontiguousarray(values >= floor)).to(torch.uint8).mul_(MARKED)[None]
+    h, w = as_hw(size)
+    if tuple(marked.shape[-2:]) == (h, w):
+        return marked
+    return resize_uint8(marked, (h, w)).gt_(0).mul_(MARKED)
+
+
+def constant_mask(size: Size, value: int) -> torch.Tensor:
+    return torch.full((1, *as_hw(size)), value, dtype=torch.uint8)
+
+
+def with_mask(image: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """uint8 [3, H, W] + [1, H, W] -> [4, H, W]. The mask was resized to the input size,
+    which a picture turned by resize_uint8 also has."""
+    return torch.cat([image, mask])
