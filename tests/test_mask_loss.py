@@ -168,3 +168,28 @@ def test_training_with_masks_keeps_the_classifier_alone_in_the_checkpoint(tmp_pa
     assert "mask_head" in masked and "mask_head" not in plain
     # the head's loss reached the shared features: the same seed trains other weights
     assert any(not torch.equal(masked["model"][k], plain["model"][k]) for k in plain["model"])
+
+
+def _png(path: Path, array: np.ndarray) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(array).save(path)
+    return path
+
+
+def test_masks_are_found_as_published_sets_lay_them_out(tmp_path):
+    photo, mask = _noise((20, 20), 1), np.where(np.eye(20, dtype=bool), 255, 0).astype(np.uint8)
+    expected = {}
+    # MVTec-AD: a ground-truth tree beside test/, mirroring its defect folders; good parts have none
+    expected[_png(tmp_path / "mv/bottle/test/crack/000.png", photo)] = tmp_path / "mv/bottle/ground_truth/crack/000_mask.png"
+    expected[_png(tmp_path / "mv/bottle/test/good/000.png", photo)] = None
+    expected[_png(tmp_path / "mv/bottle/train/good/000.png", photo)] = None
+    # VisA: Data/Images/<class>/ beside Data/Masks/<class>/, the same stem in another format
+    expected[_png(tmp_path / "visa/Data/Images/Anomaly/000.jpg", photo)] = tmp_path / "visa/Data/Masks/Anomaly/000.png"
+    expected[_png(tmp_path / "visa/Data/Images/Normal/0000.jpg", photo)] = None
+    # magnetic tiles: the photo's mask beside it in Imgs/, same stem; KolektorSDD2: a _GT suffix
+    expected[_png(tmp_path / "mt/MT_Blowhole/Imgs/exp1_num_4727.jpg", photo)] = tmp_path / "mt/MT_Blowhole/Imgs/exp1_num_4727.png"
+    expected[_png(tmp_path / "k2/train/10000.png", photo)] = tmp_path / "k2/train/10000_GT.png"
+    for target in filter(None, expected.values()):
+        _png(target, mask)
+    found = mask_targets.mask_files([str(p) for p in expected])
+    assert found == [None if m is None else str(m) for m in expected.values()]

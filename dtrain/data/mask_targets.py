@@ -2,7 +2,9 @@
 
 Which mask a photo gets (`mask_files`): the file that the data layer pairs with it
 (dtrain/data/masks.py: beside it, in a ground-truth sub-folder, or in masks/ beside
-images/). A photo without one is clear when it belongs to the defect-free class (MVTec's
+images/), else one in a ground-truth tree that mirrors the photos' tree (`_mirrored`:
+MVTec-AD's `test/crack/000.png` -> `ground_truth/crack/000_mask.png`, VisA's
+`Data/Images/Anomaly/000.JPG` -> `Data/Masks/Anomaly/000.png`). A photo without one is clear when it belongs to the defect-free class (MVTec's
 good parts have no mask) and UNKNOWN otherwise: a defective photo someone did not mask
 says nothing about where its defect is, and the loss leaves it out rather than teach
 "nothing here".
@@ -30,9 +32,14 @@ import numpy as np
 import torch
 
 from dtrain.data.config import Size, as_hw
-from dtrain.data.masks import CONTAINER_NAMES, LOSSY, LOSSY_MARK, MAX_MASK_PIXELS, masks_of_images
+from dtrain.data.masks import (
+    CONTAINER_NAMES, IMAGE_EXTENSIONS, LOSSY, LOSSY_MARK, MASK_DIRS, MASK_SUFFIXES, MAX_MASK_PIXELS, masks_of_images,
+)
 from dtrain.data.transforms import resize_uint8
 
+# How far above a photo a mirrored ground-truth tree may branch off: MVTec's photo sits two
+# folders below it (test/crack/), VisA's three (Images/Anomaly/ under Data/).
+MIRROR_DEPTH = 3
 UNKNOWN = 127  # the fill of a defective photo with no mask: never a value of a read mask (0 or 255)
 MARKED = 255
 
@@ -52,7 +59,54 @@ def mask_files(paths: Sequence[str]) -> list[str | None]:
         scanned.add(key)
         _, _, pairs = masks_of_images(folder)
         found.update((os.path.realpath(p), str(m)) for p, m in pairs.items())
-    return [found.get(os.path.realpath(p)) for p in paths]
+    trees = _Trees()
+    return [found.get(os.path.realpath(p)) or trees.mask_of(Path(p)) for p in paths]
+
+
+class _Trees:
+    """Ground-truth trees that mirror the photos' tree, each folder listed once."""
+
+    def __init__(self) -> None:
+        self._siblings: dict[Path, list[Path]] = {}
+        self._masks: dict[Path, dict[str, Path]] = {}
+
+    def mask_of(self, photo: Path) -> str | None:
+        """The mask of `photo` in a ground-truth tree beside one of its ancestors (a folder
+        named as MASK_DIRS, a sibling of that ancestor), at the same relative path, named by
+        the photo's stem with or without a mask suffix."""
+        stem = photo.stem.lower()
+        names = [stem + suffix for suffix in ("", *MASK_SUFFIXES)]
+        branch = photo.parent
+        for _ in range(MIRROR_DEPTH):
+            relative = photo.parent.relative_to(branch)
+            for truth in self.truth_beside(branch):
+                masks = self.masks_in(truth / relative)
+                hit = next((masks[n] for n in names if n in masks), None)
+                if hit is not None:
+                    return str(hit)
+            if branch.parent == branch:
+                break
+            branch = branch.parent
+        return None
+
+    def truth_beside(self, folder: Path) -> list[Path]:
+        if folder not in self._siblings:
+            self._siblings[folder] = [p for p in _entries(folder.parent)
+                                      if p.name.lower() in MASK_DIRS and p != folder and p.is_dir()]
+        return self._siblings[folder]
+
+    def masks_in(self, folder: Path) -> dict[str, Path]:
+        if folder not in self._masks:
+            self._masks[folder] = {p.stem.lower(): p for p in _entries(folder)
+                                   if p.suffix.lower() in IMAGE_EXTENSIONS}
+        return self._masks[folder]
+
+
+def _entries(folder: Path) -> list[Path]:
+    try:
+        return sorted(Path(e.path) for e in os.scandir(folder))
+    except OSError:  # not there, or not a folder
+        return []
 
 
 def read_mask(path: str | Path, size: Size) -> torch.Tensor:
