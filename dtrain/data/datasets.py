@@ -1,8 +1,8 @@
 """Map-style datasets of inspection images: `open_split` and `collate_skip_bad`.
 
 `ds[i]` is `(uint8 [3, S, S], label)` ([4, S, S] with the photo's defect mask as channel 3
-when the split is opened with masks: dtrain/data/mask_targets.py), or `None` when the file cannot be read or
-decoded: one bad file among millions must not end a week-long run. Bad files are
+when the split is opened with masks: dtrain/data/mask_targets.py), or `None` when the file
+cannot be read or decoded: one bad file among millions must not end a week-long run. Bad files are
 collected in `ds.bad_files` from every DataLoader worker process (workers append to a
 small log file named at construction, since a worker's own copy of the dataset dies
 with it), and `collate_skip_bad` drops the Nones from the batch.

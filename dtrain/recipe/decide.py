@@ -351,8 +351,9 @@ def inference_views(n_scored: int, seconds_per_image: float, budget_s: float, sq
     return Decision("model.views", n, why)
 
 
-def cache(n_train: int, side: int, width: int | None = None) -> Decision:
-    need = n_train * 3 * side * (width or side)
+def cache(n_train: int, side: int, width: int | None = None, masks: bool = False) -> Decision:
+    """`masks`: the training photos carry their mask as a fourth channel (mask_loss)."""
+    need = n_train * (4 if masks else 3) * side * (width or side)
     fits = need <= CACHE_BYTES
     size = f"{side} x {width} px" if width else f"{side} px"
     return Decision(
@@ -375,7 +376,7 @@ def plan(
     n = n_train or stats.n_train
     return [
         negative_class(stats), *sample_bits(stats), side, width, *network(side.value, wanted.value),
-        cache(n, side.value, width.value),
+        cache(n, side.value, width.value, masks=bool(stats.masked_defects)),
         *augmentation(stats), mixup(stats), mask_supervision(stats), *sampling(stats), epochs(n, images_seen, budget),
         *validation(stats, kfold),
         Decision("batch_size", BATCH_SIZE, "per process; keeps one CPU thread per rank busy"),
