@@ -88,11 +88,7 @@ def run_step(step: Step, limit_s: float, out: Path, work: Path, dry_run: bool) -
         except subprocess.TimeoutExpired:
             code = None
         finally:
-            # The step's torchrun, ranks, loader workers and agent share its process group.
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _kill_tree(proc.pid)
             proc.wait()
     seconds = time.monotonic() - t0
     result = json.loads(result_path.read_text()) if result_path.is_file() else {}
@@ -104,6 +100,28 @@ def run_step(step: Step, limit_s: float, out: Path, work: Path, dry_run: bool) -
         result["figure"] = f"exit {code} without a result: {_last_line(out / f'{step.name}.log')}"
     result["seconds"] = round(seconds, 1)
     return result
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a step's process group and every process below it. torchrun starts each rank
+    in a session of its own, so killing the group alone leaves the ranks to notice their
+    agent is gone (dtrain's within a second, a bare script's never)."""
+    import psutil
+
+    try:
+        below = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        below = []
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for child in below:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(below, timeout=5)
 
 
 def _last_line(path: Path) -> str:
