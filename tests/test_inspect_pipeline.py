@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +74,24 @@ def test_a_folder_is_read_without_hidden_copies_and_archive_debris(tmp_path):
         (tmp_path / rel).write_bytes(b"not decoded here")
 
     assert [p.relative_to(tmp_path).as_posix() for p in collect_inputs([str(tmp_path)])] == ["a.png", "line2/b.jpg"]
+
+
+def test_masks_beside_the_photos_are_not_judged_as_parts(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from dtrain.serve.inspect_batch import collect_inputs
+
+    rng = np.random.default_rng(0)
+    for name in ("p1.png", "line2/p2.jpg", "line2/p3.png"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (24, 24), dtype=np.uint8)).save(tmp_path / name)
+    mask = np.zeros((24, 24), np.uint8)
+    mask[3:9, 4:12] = 255
+    Image.fromarray(mask).save(tmp_path / "p1_mask.png")  # a suffix names its photo
+    Image.fromarray(mask).save(tmp_path / "line2/p2.png")  # the same stem, two values: a mask of p2.jpg
+    skipped: dict[str, str] = {}
+    found = collect_inputs([str(tmp_path)], skipped)
+    assert [p.relative_to(tmp_path).as_posix() for p in found] == ["line2/p2.jpg", "line2/p3.png", "p1.png"]
+    assert sorted(Path(p).name for p in skipped) == ["p1_mask.png", "p2.png"]
+    assert "a mask of p1.png" in skipped[str(tmp_path / "p1_mask.png")]

@@ -109,9 +109,14 @@ def inspect(
 
     if out is not None:
         check_output(out)
-    paths = collect_inputs(inputs)
+    skipped: dict[str, str] = {}
+    paths = collect_inputs(inputs, skipped)
     predictor = Predictor(model_dir, backend)
     console = Console(stderr=True)
+    if skipped:
+        path, why = next(iter(skipped.items()))
+        console.print(f"note: {len(skipped)} ground-truth mask{'s' if len(skipped) != 1 else ''} beside the photos "
+                      f"not inspected (e.g. {path}: {why})", markup=False, highlight=False)
     columns = (TextColumn("inspecting"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[rate]}"), TimeRemainingColumn())
     # Rich draws the bar only on a terminal; piped or in a log, the summary alone is printed.

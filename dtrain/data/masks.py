@@ -123,6 +123,12 @@ def _pair_in_truth_folders(photos: list[Path], truth: list[Path], pairs: dict[st
                 pairs.setdefault(str(photo), mask)
 
 
+def masks_among(files: list[Path]) -> dict[str, str]:
+    """{path: why} for the files of one folder that are ground-truth masks of another file
+    there (what the data layer leaves out; `dtrain inspect` skips them too)."""
+    return {m: why for m, (_, why) in _masks_among(files).items()}
+
+
 def _masks_among(files: list[Path]) -> dict[str, tuple[Path, str]]:
     """{path: (the file it is a mask of, why)} for the files of one folder that are masks of
     another file there."""

@@ -33,7 +33,7 @@ from typing import IO
 
 import numpy as np
 
-from dtrain.data.masks import hidden_or_debris
+from dtrain.data.masks import hidden_or_debris, masks_among
 from dtrain.errors import DtrainError
 from dtrain.serve.images import DEFAULT_MAX_PIXELS, IMAGE_SUFFIXES, ImageRejected, decode_checked, resize
 
@@ -109,19 +109,22 @@ class Summary:
         }
 
 
-def collect_inputs(inputs: Iterable[str]) -> list[Path]:
-    """Image files named directly, found under directories (recursively) or by globs."""
+def collect_inputs(inputs: Iterable[str], skipped: dict[str, str] | None = None) -> list[Path]:
+    """Image files named directly, found under directories (recursively) or by globs.
+    Under a directory, ground-truth masks paired with a photo beside them are not parts to
+    judge: they are left out, and added to `skipped` (path -> why) when it is given."""
     found: list[Path] = []
+    skipped = {} if skipped is None else skipped
     for item in inputs:
         path = Path(item)
         if path.is_dir():
-            found += _images_under(path)
+            found += _images_under(path, skipped)
         elif path.is_file():
             found.append(path)  # named explicitly: kept even with an odd suffix
         elif glob.has_magic(item):
             for match in sorted(glob.glob(item, recursive=True)):
                 m = Path(match)
-                found += _images_under(m) if m.is_dir() else [m] if m.suffix.lower() in IMAGE_SUFFIXES else []
+                found += _images_under(m, skipped) if m.is_dir() else [m] if m.suffix.lower() in IMAGE_SUFFIXES else []
         else:
             raise DtrainError(f"no such file or directory: {item}", "pass image files, directories or quoted globs like 'parts/*.png'")
     if not found:
@@ -129,15 +132,20 @@ def collect_inputs(inputs: Iterable[str]) -> list[Path]:
     return found
 
 
-def _images_under(folder: Path) -> list[Path]:
+def _images_under(folder: Path, skipped: dict[str, str]) -> list[Path]:
     """Image files under `folder`, except hidden ones and archive debris: `.ipynb_checkpoints/`
     holds copies that would be judged twice, and a zip made on a Mac adds `__MACOSX/` and
-    `._name.jpg` resource forks that carry an image's suffix but no image."""
+    `._name.jpg` resource forks that carry an image's suffix but no image. Masks beside
+    their photos (dtrain.data.masks.masks_among) go to `skipped`."""
     found = []
     for here, dirs, names in os.walk(folder):  # linked folders are not entered (as rglob did): no loops
         dirs[:] = [d for d in dirs if not hidden_or_debris(d)]
-        found += [Path(here, n) for n in names if not hidden_or_debris(n) and Path(n).suffix.lower() in IMAGE_SUFFIXES]
-    return sorted(p for p in found if p.is_file())
+        files = [p for p in (Path(here, n) for n in names if not hidden_or_debris(n)
+                             and Path(n).suffix.lower() in IMAGE_SUFFIXES) if p.is_file()]
+        masks = masks_among(files)
+        skipped.update(masks)
+        found += [p for p in files if str(p) not in masks]
+    return sorted(found)
 
 
 @dataclass
