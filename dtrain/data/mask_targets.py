@@ -2,10 +2,11 @@
 
 Which mask a photo gets (`mask_files`): the file that the data layer pairs with it
 (dtrain/data/masks.py: beside it, in a ground-truth sub-folder, or in masks/ beside
-images/), else one in a ground-truth tree that mirrors the photos' tree (`_mirrored`:
+images/), else one in a ground-truth tree that mirrors the photos' tree (`_Trees`:
 MVTec-AD's `test/crack/000.png` -> `ground_truth/crack/000_mask.png`, VisA's
-`Data/Images/Anomaly/000.JPG` -> `Data/Masks/Anomaly/000.png`). A photo without one is clear when it belongs to the defect-free class (MVTec's
-good parts have no mask) and UNKNOWN otherwise: a defective photo someone did not mask
+`Data/Images/Anomaly/000.JPG` -> `Data/Masks/Anomaly/000.png`). A photo without one is
+clear when it belongs to the defect-free class (MVTec's good parts have no mask) and
+UNKNOWN otherwise: a defective photo someone did not mask
 says nothing about where its defect is, and the loss leaves it out rather than teach
 "nothing here".
 
@@ -15,8 +16,8 @@ the augmentation's flips, quarter turns and shifts carry it without a second cod
 the augmentation's brightness and contrast touch channels 0-2 only, and the training loop
 splits it off before normalising.
 
-A mask marks a pixel as masks.marks_pixels reads it: any value above 0 in a lossless
-file (label images store classes as 1, 2, ...), from LOSSY_MARK up in a JPEG. It is
+A mask marks a pixel as masks.marks_pixels reads it (masks.mark_floor): any value above 0
+in a lossless file (label images store classes as 1, 2, ...), from LOSSY_MARK up in a JPEG. It is
 resized by the pictures' own rule (resize_uint8, so a picture turned to lie across is
 turned with it); any share of a marked pixel stays marked, so a defect a pixel wide is
 not lost to the downscale.
@@ -33,7 +34,7 @@ import torch
 
 from dtrain.data.config import Size, as_hw
 from dtrain.data.masks import (
-    CONTAINER_NAMES, IMAGE_EXTENSIONS, LOSSY, LOSSY_MARK, MASK_DIRS, MASK_SUFFIXES, MAX_MASK_PIXELS, masks_of_images,
+    CONTAINER_NAMES, IMAGE_EXTENSIONS, MASK_DIRS, MASK_SUFFIXES, MAX_MASK_PIXELS, mark_floor, masks_of_images,
 )
 from dtrain.data.transforms import resize_uint8
 
@@ -114,7 +115,7 @@ def read_mask(path: str | Path, size: Size) -> torch.Tensor:
     ValueError when it cannot be read."""
     from PIL import Image
 
-    floor = LOSSY_MARK if Path(path).suffix.lower() in LOSSY else 1
+    floor = mark_floor(path)
     with Image.open(path) as img:
         if img.width * img.height > MAX_MASK_PIXELS:
             raise ValueError(f"{img.width} x {img.height} pixels: larger than a mask is read")

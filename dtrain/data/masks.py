@@ -221,6 +221,11 @@ def _black_or_white(path: str, _mtime_ns: int, _size: int) -> float | None:
 LOSSY_MARK = 128
 
 
+def mark_floor(path: str | Path) -> int:
+    """The smallest value that marks a pixel in this mask file (LOSSY_MARK in a lossy one)."""
+    return LOSSY_MARK if Path(path).suffix.lower() in LOSSY else 1
+
+
 def marks_pixels(mask: Path) -> bool | None:
     """Whether `mask` marks any pixel (a defect drawn on it); None when it cannot be read."""
     return _marks(str(mask), *_identity(mask))
@@ -230,7 +235,7 @@ def marks_pixels(mask: Path) -> bool | None:
 def _marks(path: str, _mtime_ns: int, _size: int) -> bool | None:
     from PIL import Image
 
-    floor = LOSSY_MARK if Path(path).suffix.lower() in LOSSY else 1
+    floor = mark_floor(path)
     try:
         with Image.open(path) as img:
             if img.width * img.height > MAX_MASK_PIXELS:
