@@ -181,7 +181,8 @@ def recipe_config(
         shape = f"{wanted.value} px" if cols is None else f"{wanted.value} x {cols(wanted.value)} px"
         print(f"recipe: timing a few training steps at {shape} for the budget", file=stream)
         measured = budget.probe(as_config(network(wanted.value, wanted.value))["model"], wanted.value, len(stats.classes),
-                                opts.precision, ranks=opts.nproc or default_nproc(), width=cols and cols(wanted.value))
+                                opts.precision, ranks=opts.nproc or default_nproc(), width=cols and cols(wanted.value),
+                                mask_head=bool(stats.masked_defects))
         seconds_per_image = budget.scaled(measured, wanted.value, cols)
     # A small set is capped at MAX_EPOCHS passes: the budget then buys pixels, not repeats. Sized
     # on the training split: under k-fold the final run's train + val is larger, never smaller.

@@ -148,6 +148,9 @@ def test_probe_times_a_real_training_step():
     threads = torch.get_num_threads()
     for ranks in (1, 2):  # two ranks are timed side by side, in two threads
         assert 0 < B.probe({"arch": "small_resnet", "pool": "avgmax", "input_norm": "per_image"}, 32, 3, precision="fp32", ranks=ranks, batch=4) < 5
+    # With masks the run trains the mask head beside the classifier: the probe steps both (two outputs, two losses).
+    assert 0 < B.probe({"arch": "small_resnet", "pool": "avgmax", "input_norm": "per_image", "stem_stride": 2}, 64, 3,
+                       precision="fp32", ranks=2, batch=4, mask_head=True) < 5
     assert torch.get_num_threads() == threads
     # A rank that fails raises in the caller; the other is released from the start barrier, not left waiting.
     with pytest.raises(ValueError, match="arch"):

@@ -230,10 +230,12 @@ def probe_batch(side: int, width: int | None = None) -> int:
 
 
 def probe(model_cfg: dict, side: int, n_classes: int, precision: str = "auto", ranks: int = 1,
-          batch: int | None = None, width: int | None = None) -> float:
+          batch: int | None = None, width: int | None = None, mask_head: bool = False) -> float:
     """Seconds per training image (forward, backward, AdamW step) at `side` px (`side` x `width`
     for a rectangular input) for `ranks` DDP ranks side by side on this machine's CPU cores (or
-    its GPU), each with its share of the cores.
+    its GPU), each with its share of the cores. `mask_head`: the run trains with mask_loss, so
+    the head and its loss are timed too (without them a masked plant run planned 50 epochs at
+    352 px and fitted 33 at its epoch ends, BENCHMARKS.md session 26).
 
     On a CPU the ranks are timed together, one thread each running its own model with its
     share of the cores: two ranks on two cores ran up to 1.5x slower each than one alone
@@ -248,7 +250,8 @@ def probe(model_cfg: dict, side: int, n_classes: int, precision: str = "auto", r
     batch = batch or probe_batch(side, width)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cuda":
-        return _timed_steps(model_cfg, side, n_classes, precision, batch, dev, torch.get_num_threads(), width=width)
+        return _timed_steps(model_cfg, side, n_classes, precision, batch, dev, torch.get_num_threads(), width=width,
+                            mask_head=mask_head)
     from dtrain.train.dist import cpu_count
 
     share = max(1, cpu_count() // ranks)
@@ -258,7 +261,7 @@ def probe(model_cfg: dict, side: int, n_classes: int, precision: str = "auto", r
 
     def rank() -> None:
         try:
-            costs.append(_timed_steps(model_cfg, side, n_classes, precision, batch, dev, share, start, width))
+            costs.append(_timed_steps(model_cfg, side, n_classes, precision, batch, dev, share, start, width, mask_head))
         except BaseException as exc:  # re-raised in the caller's thread
             start.abort()
             errors.append(exc)
@@ -275,19 +278,25 @@ def probe(model_cfg: dict, side: int, n_classes: int, precision: str = "auto", r
 
 
 def _timed_steps(model_cfg: dict, side: int, n_classes: int, precision: str, batch: int, dev,
-                 threads: int, start=None, width: int | None = None) -> float:
+                 threads: int, start=None, width: int | None = None, mask_head: bool = False) -> float:
     """One rank's seconds per image over PROBE_STEPS steps after PROBE_WARMUP, on `threads` cores;
     `start`: a barrier all ranks pass before their timed steps."""
     import torch
     import torch.nn.functional as F
 
     from dtrain.models import ModelConfig, build_model
+    from dtrain.models.build import NORMS
+    from dtrain.models.mask_head import with_mask_head
     from dtrain.train import precision as P
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)  # OpenMP's thread count is per calling thread
     try:
-        model = build_model(ModelConfig(**model_cfg), n_classes).to(dev).to(memory_format=torch.channels_last)
+        mcfg = ModelConfig(**model_cfg)
+        model = build_model(mcfg, n_classes)
+        if mask_head:  # the trainer's own wrapper: x -> (class logits, mask logits)
+            model = with_mask_head(model, NORMS[mcfg.norm])
+        model = model.to(dev).to(memory_format=torch.channels_last)
         opt = torch.optim.AdamW(model.parameters())
         x = torch.randn(batch, 3, side, width or side, device=dev).contiguous(memory_format=torch.channels_last)
         y = torch.randint(0, n_classes, (batch,), device=dev)
@@ -300,7 +309,13 @@ def _timed_steps(model_cfg: dict, side: int, n_classes: int, precision: str, bat
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
             with policy.autocast(dev):
-                loss = F.cross_entropy(model(x), y)
+                out = model(x)
+                if mask_head:  # an all-clear target: the cost does not depend on the marks
+                    logits, marks = out
+                    loss = F.cross_entropy(logits, y) + F.binary_cross_entropy_with_logits(
+                        marks.float(), torch.zeros_like(marks, dtype=torch.float32))
+                else:
+                    loss = F.cross_entropy(out, y)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
