@@ -193,3 +193,26 @@ def test_masks_are_found_as_published_sets_lay_them_out(tmp_path):
         _png(target, mask)
     found = mask_targets.mask_files([str(p) for p in expected])
     assert found == [None if m is None else str(m) for m in expected.values()]
+
+
+def test_fold_folders_of_links_carry_each_photos_mask(tmp_path):
+    """k-fold (recipe/oof.py) trains on folders of links: each photo's mask is linked beside
+    its link, so the fold runs read the same pixel labels as the photos' own folders give."""
+    from dtrain.recipe.folds import link_split
+    from dtrain.recipe.oof import labelled
+
+    synthesize(tmp_path / "data", images=90, size=32, seed=4, workers=1, masks=True)
+    classes, paths, targets = labelled(DataConfig(root=str(tmp_path / "data"), image_size=32))
+    masks = mask_targets.mask_files(paths)
+    assert sum(m is not None for m in masks) == sum(t != classes.index("ok") for t in targets) > 0
+    link_split(tmp_path / "fold", "train", classes, paths, targets, masks)
+    fold = open_split(DataConfig(root=str(tmp_path / "fold"), image_size=32, val_split=""), "train", train=False, masks=True)
+    assert len(fold.paths) == len(paths)  # the mask links are paired, not listed as photos
+    linked = {Path(p).resolve(): m for p, m in zip(fold.paths, fold.masks)}
+    for photo, mask in zip(paths, masks):
+        found = linked[Path(photo).resolve()]
+        assert (found is None) == (mask is None)
+        assert found is None or Path(found).resolve() == Path(mask).resolve()
+    # Without masks (a recipe without mask_loss) the links are the photos alone.
+    link_split(tmp_path / "plain", "train", classes, paths, targets)
+    assert not any(m for m in mask_targets.mask_files([str(p) for p in (tmp_path / "plain").glob("train/*/*")]))

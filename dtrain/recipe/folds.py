@@ -24,10 +24,15 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dtrain.data.masks import MASK_SUFFIXES
 from dtrain.evaluation.metrics import min_defective_for_target
+
+# The suffix a mask's link takes beside its photo's link: one the data layer pairs by name.
+MASK_LINK_SUFFIX = MASK_SUFFIXES[0]
 
 # 5 folds: each fold model learns from 80 % of the labelled images, close to the final
 # model's 100 %; more folds cost one training each and move that share little (90 % at 10).
@@ -88,11 +93,20 @@ def assign_folds(targets: list[int], k: int, seed: int) -> list[int]:
     return folds
 
 
-def link_split(root: Path, split: str, classes: list[str], paths: list[str], targets: list[int]) -> None:
+def link_split(root: Path, split: str, classes: list[str], paths: list[str], targets: list[int],
+               masks: Sequence[str | None] | None = None) -> None:
     """root/split/<class>/ with one symbolic link per image; every class gets its folder
-    (empty or not), so the split lists the same classes as the source data."""
+    (empty or not), so the split lists the same classes as the source data. `masks`: each
+    image's mask file (mask_targets.mask_files) or None, linked beside the image's link as
+    `<its stem>_mask<ext>`, the name the data layer pairs (data/masks.py): the fold runs of a
+    recipe with mask_loss learn from the same pixel labels as the final run. Without the
+    links a fold's photos, found in a folder of links, had no mask."""
     for name in classes:
         (root / split / name).mkdir(parents=True, exist_ok=True)
     for n, (path, t) in enumerate(zip(paths, targets)):
         # Numbered: MVTec's train/good/000.png and test/good/000.png may meet in one folder.
-        os.symlink(os.path.abspath(path), root / split / classes[t] / f"{n:06d}_{Path(path).name}")
+        link = root / split / classes[t] / f"{n:06d}_{Path(path).name}"
+        os.symlink(os.path.abspath(path), link)
+        mask = masks[n] if masks is not None else None
+        if mask is not None:
+            os.symlink(os.path.abspath(mask), link.with_name(f"{link.stem}{MASK_LINK_SUFFIX}{Path(mask).suffix}"))

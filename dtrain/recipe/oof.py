@@ -52,9 +52,12 @@ def run_folds(
     run finished, whose held-out scores (SCORES in each fold's folder) are read back rather than
     trained again, while the other folds' run folders are kept for `train` to continue.
     `on_done(i)` once fold i's scores are saved."""
+    from dtrain.data.mask_targets import mask_files
     from dtrain.evaluation.evaluate import load_scores, save_scores
 
     classes, paths, targets = labelled(data)
+    # Pixel labels travel with the photos into the folders of links (folds.link_split).
+    masks = mask_files(paths) if cfg.get("mask_loss") is not None else None
     folds = assign_folds(targets, k, int(cfg.get("seed", 0)))
     root = workdir / "folds"
     if done is None:
@@ -70,7 +73,8 @@ def run_folds(
             continue
         for split in ("train", HELD_OUT):  # links are cheap: drawn again (the same draw), the run folder kept
             shutil.rmtree(fold_dir / split, ignore_errors=True)
-        link_split(fold_dir, "train", classes, [paths[j] for j in inside], [targets[j] for j in inside])
+        link_split(fold_dir, "train", classes, [paths[j] for j in inside], [targets[j] for j in inside],
+                   None if masks is None else [masks[j] for j in inside])
         link_split(fold_dir, HELD_OUT, classes, [paths[j] for j in out], [targets[j] for j in out])
         fold_cfg = run_config(cfg, fold_dir, epochs_for(len(inside)), fold_dir / "run")
         path = fold_dir / "train.yaml"
@@ -82,7 +86,7 @@ def run_folds(
         on_done(i)
     all_dir = root / "all"
     shutil.rmtree(all_dir, ignore_errors=True)
-    link_split(all_dir, "train", classes, paths, targets)
+    link_split(all_dir, "train", classes, paths, targets, masks)
     oof = Predictions(
         probs=np.concatenate([c.probs for c in chunks]),
         targets=np.concatenate([c.targets for c in chunks]),
