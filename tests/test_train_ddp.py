@@ -141,7 +141,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(synth_data, tmp_path,
     already trained on, and the per-sample seeded augmentation must not depend on worker
     history. `recipe-options`: what `quickstart --data` adds (class-weighted sampling with
     replacement, per-image standardisation, avg+max pooling, the weight average, the mask head
-    on masks beside the photos; and mixup, an option) resumes as exactly.
+    on masks beside the photos, defects transplanted onto good parts; and mixup, an option) resumes as exactly.
     """
     data = small_copy(synth_data, tmp_path / "data", {"train": 16, "val": 4})
     extra = dict(epochs=2, batch_size=8, checkpoint_every_steps=4, data={"augment": True, "num_workers": 1})
@@ -151,6 +151,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(synth_data, tmp_path,
         extra["ema_decay"] = 0.9  # the average of the weights and its update count resume too
         extra["mixup_alpha"] = 0.4  # blends drawn per (rank, step): a resumed run mixes as the uninterrupted one
         extra["mask_loss"] = 1.0  # the mask head's weights and optimiser state resume too
+        extra["data"]["transplant"] = 0.5  # defects laid on good parts, drawn per sample: the same after resume
         write_masks(data)
     full = write_config(tmp_path / "full.yaml", data, tmp_path / "full", **extra)
     killed = write_config(tmp_path / "killed.yaml", data, tmp_path / "killed", **extra)

@@ -39,6 +39,11 @@ class DataConfig(StrictModel):
     # With augment: shift each training image by up to this share of its side in x and y,
     # the border mirrored (dtrain/data/transforms.py). 0 = no shift.
     shift: float = Field(0.0, ge=0, le=0.25)
+    # With the training photos' masks (TrainConfig.mask_loss): this share of the defect-free
+    # training draws receives a defect lifted off a masked defective photo, as a change of the
+    # surface, at a random turn and place, and takes its class and mask
+    # (dtrain/data/transplant.py). 0 = none.
+    transplant: float = Field(0.0, ge=0, lt=1)
     # How each epoch's training images are drawn. "uniform": a permutation, every image once.
     # "sqrt_inverse": with replacement, class c drawn in proportion to sqrt(n_c) (so each of
     # its images with weight 1/sqrt(n_c)): a class of 30 images among 1500 OK ones then fills

@@ -26,6 +26,7 @@ from dtrain.data.config import DataConfig, Size, as_hw
 from dtrain.data.decode import FULL_BITS
 from dtrain.data.layouts import scan
 from dtrain.data.transforms import read_image, resize_uint8, train_augmentation
+from dtrain.data.transplant import Transplants
 from dtrain.errors import ConfigError
 
 log = logging.getLogger("dtrain.data")
@@ -49,6 +50,7 @@ class InspectionDataset(Dataset):
         cache_decoded: bool = False,
         sample_bits: int = FULL_BITS,  # DataConfig.sample_bits
         masks: Sequence[str | None] | None = None,  # per photo its mask file (mask_targets.mask_files)
+        transplant: float = 0.0,  # DataConfig.transplant: needs masks and a defect-free class
     ) -> None:
         self.paths = list(paths)
         self.targets = list(targets)
@@ -68,6 +70,13 @@ class InspectionDataset(Dataset):
         self._cache_ok: torch.Tensor | None = None
         if cache_decoded:
             self._fill_cache()
+        self.transplants: Transplants | None = None
+        if transplant:
+            if self.masks is None or negative_index is None:
+                raise ConfigError("data.transplant lays defects lifted off masked photos onto defect-free ones",
+                                  "it needs the photos' masks (mask_loss) and a defect-free class; set data.transplant: 0")
+            donors = [j for j, (t, m) in enumerate(zip(self.targets, self.masks)) if t != negative_index and m is not None]
+            self.transplants = Transplants(transplant, donors, self.targets, self._load)
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -76,9 +85,12 @@ class InspectionDataset(Dataset):
         img = self._load(index)
         if img is None:
             return None
+        target = self.targets[index]
+        if self.transplants is not None and target == self.negative_index:
+            img, target = self.transplants(img, target)
         if self.transform is not None:
             img = self.transform(img)
-        return img, self.targets[index]
+        return img, target
 
     def _load(self, index: int) -> torch.Tensor | None:
         if self._cache is not None:
@@ -190,6 +202,7 @@ def open_split(cfg: DataConfig, split: str, *, train: bool, masks: bool = False)
         cache_decoded=cfg.cache_decoded,
         sample_bits=cfg.sample_bits,
         masks=mask_targets.mask_files(listing.paths) if masks else None,
+        transplant=cfg.transplant if train and masks else 0.0,
     )
 
 

@@ -92,6 +92,9 @@ class TrainConfig(StrictModel):
         if self.max_epochs is not None and self.max_epochs < self.epochs:
             raise ValueError(f"max_epochs {self.max_epochs} is under epochs {self.epochs}: it is the most a time budget "
                              "may raise them to; leave it out (null) to keep epochs as the most")
+        if self.data.transplant and self.mask_loss is None:
+            raise ValueError(f"data.transplant {self.data.transplant:g} lifts defects off the training photos by their "
+                             "masks, which are read only with mask_loss: set mask_loss (e.g. 1.0), or data.transplant: 0")
         h, w = self.data.input_hw
         if self.model.views > 4 and h != w:
             raise ValueError(f"model.views {self.model.views} needs a square input, but it is {h} x {w} px "

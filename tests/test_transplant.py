@@ -1,0 +1,130 @@
+"""Defects lifted off masked photos and laid onto defect-free ones while training
+(data.transplant, dtrain/data/transplant.py): the lifted defect is the change it made to
+the surface, it lands whole at a random turn and place with its class and mask, a grey
+part stays grey, and a seeded draw is reproducible. Exact resume with it under DDP:
+tests/test_train_ddp.py (recipe-options)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from dtrain.data.config import DataConfig
+from dtrain.data.datasets import open_split
+from dtrain.data.mask_targets import MARKED, UNKNOWN
+from dtrain.data.synth import synthesize
+from dtrain.data.transplant import DILATE, lay, lift
+from dtrain.errors import ConfigError
+from dtrain.train.config import TrainConfig
+
+
+def _photo(h: int = 96, w: int = 96) -> torch.Tensor:
+    """A smooth part (a gradient 80..120 across) with a clear mask channel."""
+    ramp = torch.linspace(80, 120, w).round().to(torch.uint8).expand(h, w)
+    return torch.cat([ramp.expand(3, h, w), torch.zeros(1, h, w, dtype=torch.uint8)]).contiguous()
+
+
+def _disc(h: int, w: int, cy: int, cx: int, r: int) -> torch.Tensor:
+    yy, xx = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    return (yy - cy) ** 2 + (xx - cx) ** 2 <= r * r
+
+
+def test_a_lifted_defect_is_the_change_it_made_to_the_surface():
+    donor = _photo()
+    disc = _disc(96, 96, 40, 60, 6)
+    donor[:3][:, disc] -= torch.tensor([30, 20, 10], dtype=torch.uint8)[:, None]  # a tinted dark spot
+    donor[3][disc] = MARKED
+    change, mask = lift(donor)
+    # The crop is the mask's box widened by DILATE on every side.
+    assert change.shape == (3, 13 + 2 * DILATE, 13 + 2 * DILATE) and mask.shape == (1, *change.shape[1:])
+    inside = _disc(*change.shape[1:], 6 + DILATE, 6 + DILATE, 6)
+    assert (change[:, inside].float().mean(1) - torch.tensor([-30.0, -20.0, -10.0])).abs().max() <= 2
+    assert change[:, ~(mask[0] > 0)].abs().max() == 0  # nothing outside the widened mask
+    assert (mask[0][inside] == MARKED).all()
+    # A photo whose mask marks nothing, or is unknown, gives no donor.
+    assert lift(_photo()) is None
+    unknown = _photo()
+    unknown[3] = UNKNOWN
+    assert lift(unknown) is None
+
+
+@pytest.mark.parametrize("grey", [True, False], ids=["grey part", "colour part"])
+def test_a_laid_defect_lands_whole_with_its_mask(grey):
+    donor = _photo()
+    disc = _disc(96, 96, 40, 60, 6)
+    donor[:3][:, disc] -= torch.tensor([30, 20, 10], dtype=torch.uint8)[:, None]
+    donor[3][disc] = MARKED
+    change, mask = lift(donor)
+    part = _photo(64, 128)
+    if not grey:
+        part[1] = part[1] // 2  # a tinted finish
+    part[3] = 0
+    torch.manual_seed(0)
+    places = set()
+    for _ in range(20):
+        out = lay(part, change, mask)
+        marked = out[3] == MARKED
+        assert marked.sum() == (mask > 0).sum() and ((out[3] == 0) | marked).all()  # whole, nothing else marked
+        moved = (out[:3].int() - part[:3].int()).abs().amax(0) > 0
+        assert moved.any() and not moved[~marked].any()  # the part changes under the mask only
+        if grey:
+            assert torch.equal(out[0], out[1]) and torch.equal(out[1], out[2])
+        else:
+            assert not torch.equal(out[0], out[1])
+        rows, cols = torch.nonzero(marked, as_tuple=True)
+        places.add((int(rows.min()), int(cols.min())))
+    assert len(places) > 10  # a random place each time
+    torch.manual_seed(5)
+    first = lay(part, change, mask)
+    torch.manual_seed(5)
+    assert torch.equal(first, lay(part, change, mask))  # seeded: reproducible
+
+
+def test_the_dataset_gives_defect_free_draws_a_donors_defect_and_class(tmp_path):
+    synthesize(tmp_path, images=90, size=32, seed=5, workers=1, masks=True)
+    cfg = DataConfig(root=str(tmp_path), image_size=32, transplant=0.9)
+    ds = open_split(cfg, "train", train=True, masks=True)
+    ok = ds.negative_index
+    good = [i for i, t in enumerate(ds.targets) if t == ok]
+    got = []
+    for i in good:
+        torch.manual_seed(i)
+        img, target = ds[i]
+        got.append(target)
+        if target != ok:
+            assert (img[3] == MARKED).any() and not (img[3] == UNKNOWN).any()
+        torch.manual_seed(i)
+        again, target_again = ds[i]
+        assert target_again == target and torch.equal(again, img)
+    assert sum(t != ok for t in got) > len(good) // 2 and len({t for t in got if t != ok}) > 1
+    # Defective draws keep their own photo and label.
+    bad = next(i for i, t in enumerate(ds.targets) if t != ok)
+    assert ds[bad][1] == ds.targets[bad]
+    plain = open_split(DataConfig(root=str(tmp_path), image_size=32), "train", train=True, masks=True)
+    assert all(plain[i][1] == ok for i in good)
+
+
+def test_transplant_needs_masks_and_a_defect_free_class(tmp_path):
+    with pytest.raises(ValidationError, match="mask_loss"):
+        TrainConfig.model_validate({"data": {"root": str(tmp_path), "transplant": 0.5}})
+    TrainConfig.model_validate({"data": {"root": str(tmp_path), "transplant": 0.5}, "mask_loss": 1.0})
+    synthesize(tmp_path / "d", images=60, size=32, seed=6, workers=1, masks=True)
+    with pytest.raises(ConfigError, match="defect-free class"):
+        open_split(DataConfig(root=str(tmp_path / "d"), image_size=32, transplant=0.5, negative_class=None), "train",
+                   train=True, masks=True)
+
+
+def test_the_recipe_transplants_where_masks_and_good_parts_are(tmp_path):
+    from dtrain.recipe.decide import TRANSPLANT, as_config, plan, transplant
+    from dtrain.recipe.stats import gather
+
+    synthesize(tmp_path / "masked", images=90, size=32, seed=7, workers=1, masks=True)
+    synthesize(tmp_path / "plain", images=90, size=32, seed=7, workers=1)
+    masked = gather(DataConfig(root=str(tmp_path / "masked"), image_size=32))
+    on = transplant(masked)
+    assert on.value == TRANSPLANT and f"{masked.masked_defects} masked defective photos" in on.reason
+    assert as_config(plan(masked))["data"]["transplant"] == TRANSPLANT
+    assert transplant(gather(DataConfig(root=str(tmp_path / "plain"), image_size=32))).value == 0
+    types = gather(DataConfig(root=str(tmp_path / "masked"), image_size=32, negative_class=None))
+    assert transplant(types).value == 0 and "no defect-free class" in transplant(types).reason
