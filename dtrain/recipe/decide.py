@@ -321,10 +321,9 @@ def mask_supervision(stats: DataStats) -> Decision:
 # defective photo (data.transplant). Half: the sampler's defect-free draws still show half of
 # the good parts as they are, and the other half show the few dozen defects of each class on
 # surfaces they were not photographed on. Measured at this value only (BENCHMARKS.md, session
-# 27: the plant profile with masks at 160 px, 90 000 images seen, seeds 0 and 1): argmax
-# accuracy higher on both splits of both seeds (+0.8 to +2.3 points), and the false alarms at
-# the 3rd to 5th faintest defect lower on all four; the single faintest test defect of seed 0
-# scored lower with it.
+# 27: the plant profile with masks at 160 px, 90 000 images seen, seeds 0-2): argmax accuracy
+# higher on both splits of all three seeds (+0.8 to +2.3 points), and the false alarms at the
+# 3rd and 5th faintest defect lower on all six; at the single faintest, lower on four of six.
 TRANSPLANT = 0.5
 
 
