@@ -112,6 +112,10 @@ def normalize_batch(
     return out if dtype == torch.float32 else out.to(dtype)
 
 
+# ITU-R 601 luma weights of R, G, B: a picture's grey level (also dtrain/data/transplant.py).
+LUMA = (0.299, 0.587, 0.114)
+
+
 class InspectionAugment(v2.Transform):
     """Inspection-safe augmentation of uint8 images, as one v2 transform (a v2.Compose
     of flips, rotation and ColorJitter costs 3-4x more per sample, measured):
@@ -137,7 +141,7 @@ class InspectionAugment(v2.Transform):
     (dtrain.train.loaders.SeededSamples) gets reproducible augmentation.
     """
 
-    _GREY = (0.299, 0.587, 0.114)
+    _GREY = LUMA
     _transformed_types = (torch.Tensor,)  # plain tensors and tv_tensors.Image
 
     def __init__(self, brightness: float = 0.1, contrast: float = 0.1, shift: float = 0.0) -> None:

@@ -33,14 +33,14 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from dtrain.data.mask_targets import MARKED, UNKNOWN
+from dtrain.data.mask_targets import MARKED
+from dtrain.data.transforms import LUMA
 
 # The background's blur: sigma = the input's shorter side / BLUR_SHARE (10 px at 160 px).
 BLUR_SHARE = 16
 # The mask is widened by this many pixels before the background is estimated: a defect's
 # own faint rim, outside what the mask marks, must not leak into the background.
 DILATE = 2
-_GREY = (0.299, 0.587, 0.114)
 
 Loader = Callable[[int], torch.Tensor | None]  # index -> uint8 [4, H, W] (photo + mask) or None
 
@@ -49,11 +49,10 @@ def lift(pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """uint8 [4, H, W] (a defective photo and its mask) -> (int16 [3, h, w] the defect as a
     change of the surface, uint8 [1, h, w] its widened mask), cropped to the widened mask's
     box; None: the mask marks nothing (or is UNKNOWN)."""
-    mask = pixels[3:4]
-    if (mask == UNKNOWN).all() or not (mask == MARKED).any():
+    marked = (pixels[3:4] == MARKED).to(torch.float32)[None]  # an UNKNOWN mask (127) marks nothing
+    if not marked.any():
         return None
     photo = pixels[:3].to(torch.float32)[None]
-    marked = (mask == MARKED).to(torch.float32)[None]
     wide = F.max_pool2d(marked, 2 * DILATE + 1, 1, DILATE)
     keep = 1 - wide
     sigma = max(1.0, min(pixels.shape[-2:]) / BLUR_SHARE)
@@ -102,7 +101,7 @@ def lay(pixels: torch.Tensor, change: torch.Tensor, mask: torch.Tensor) -> torch
     photo = out[:3]
     if torch.equal(photo[0], photo[1]) and torch.equal(photo[1], photo[2]):
         # A grey part: the defect's grey level in all three channels.
-        grey = sum(wt * c.to(torch.float32) for wt, c in zip(_GREY, change)).round_().to(torch.int16)
+        grey = sum(wt * c.to(torch.float32) for wt, c in zip(LUMA, change)).round_().to(torch.int16)
         change = grey.expand(3, -1, -1)
     window = (slice(None), slice(y0, y0 + ch), slice(x0, x0 + cw))
     photo[window] = (photo[window].to(torch.int16) + change).clamp_(0, 255).to(torch.uint8)
