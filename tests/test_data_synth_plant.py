@@ -27,10 +27,14 @@ def test_sides_cameras_and_determinism(tmp_path):
     for name in ("a", "b"):
         synthesize(tmp_path / name, images=60, size=96, seed=3, profile="plant", workers=1)
     files = sorted((tmp_path / "a").rglob("*.png"))
-    assert len(files) == 60
     assert all(f.read_bytes() == (tmp_path / "b" / f.relative_to(tmp_path / "a")).read_bytes() for f in files)
+    # The profile writes a mask beside every defective picture, and only there.
+    pictures = [f for f in files if not f.stem.endswith("_mask")]
+    masks = {f.name for f in files} - {f.name for f in pictures}
+    assert len(pictures) == 60
+    assert masks == {f"{f.stem}_mask.png" for f in pictures if f.parent.name != "ok"} and masks
     modes, sides = set(), set()
-    for f in files:
+    for f in pictures:
         with Image.open(f) as im:
             modes.add(im.mode)
             assert im.width == im.height and 48 <= im.width <= 96
@@ -81,7 +85,13 @@ def test_cli_plant_profile(tmp_path, dtrain_cmd):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "40 images of 32-64 px (plant profile)" in done.stdout
-    assert sum(1 for _ in out.rglob("*.png")) == 40
+    pictures = [f for f in out.rglob("*.png") if not f.stem.endswith("_mask")]
+    assert len(pictures) == 40 and sum(1 for _ in out.rglob("*_mask.png")) == sum(f.parent.name != "ok" for f in pictures)
+    plain = subprocess.run(dtrain_cmd + ["data", "synth", str(tmp_path / "plain"), "--profile", "plant", "--images", "40",
+                                         "--size", "64", "--no-masks"], capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0, plain.stderr
+    assert sum(1 for _ in (tmp_path / "plain").rglob("*.png")) == 40
+    assert "masks" not in json.loads((tmp_path / "plain" / "manifest.json").read_text())
     bad = subprocess.run(dtrain_cmd + ["data", "synth", str(tmp_path / "x"), "--profile", "fab"], capture_output=True, text=True)
     assert bad.returncode != 0 and "quickstart, plant" in bad.stderr
     assert set(PROFILES) == {"quickstart", "plant"}

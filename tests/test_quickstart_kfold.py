@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 def test_quickstart_kfold_threshold_from_out_of_fold_scores(tmp_path, dtrain_cmd, dtrain_home):
     data, work = tmp_path / "plant", tmp_path / "qs"
     synth = subprocess.run([*dtrain_cmd, "data", "synth", str(data), "--profile", "plant", "--images", "130", "--size", "64",
-                            "--workers", "1", "--masks"], capture_output=True, text=True, timeout=300)
+                            "--workers", "1"], capture_output=True, text=True, timeout=300)
     assert synth.returncode == 0, synth.stderr[-2000:]
     manifest = json.loads((data / "manifest.json").read_text())
     counts = {c: manifest["counts"]["train"][c] + manifest["counts"]["val"][c] for c in manifest["counts"]["train"]}
@@ -38,7 +38,7 @@ def test_quickstart_kfold_threshold_from_out_of_fold_scores(tmp_path, dtrain_cmd
     k, recipe_k = decision["value"], max(MIN_FOLDS, min(MAX_FOLDS, min(v for c, v in counts.items() if c != "ok")))
     assert k == 2 and f"--folds 2 overrides the recipe's {recipe_k}" in decision["reason"]
     assert proc.stdout.count("folds: fold ") == k and "out-of-fold scores" in proc.stdout
-    # The photos' masks (--masks) reach every run, the fold runs' folders of links included.
+    # The photos' masks (the plant profile writes them) reach every run, the fold runs' folders of links included.
     masked = [int(n) for n in re.findall(r"mask loss 1 on (\d+) photos' masks", proc.stdout + proc.stderr)]
     assert len(masked) >= k + 1 and min(masked) > 0, masked
 

@@ -28,8 +28,9 @@ def synth(
     ok_fraction: float | None = typer.Option(None, "--ok-fraction", help="Share of defect-free images in every split [profile: 0.45 / 0.85]."),
     workers: int = typer.Option(0, "--workers", help="Processes to render with (0 = one per CPU core)."),
     force: bool = typer.Option(False, "--force", help="Replace a data set already in OUT."),
-    masks: bool = typer.Option(False, "--masks", help="Also write each defective picture's defect mask beside it "
-                               "(<name>_mask.png: the pixels its defects changed), as segmentation sets ship them."),
+    masks: bool | None = typer.Option(None, "--masks/--no-masks", help="Write each defective picture's defect mask "
+                                      "beside it (<name>_mask.png: the pixels its defects changed), as segmentation "
+                                      "sets ship them [profile: plant yes, quickstart no]."),
     grid: Path | None = typer.Option(None, "--grid", help="Also write a sample grid PNG (one row per class) here."),
 ) -> None:
     """Generate a deterministic synthetic surface-defect data set (metal textures, 6 classes)."""

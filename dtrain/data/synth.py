@@ -82,6 +82,11 @@ class Profile:
     difficulty: float
     ok_fraction: float
     facts: dict  # what the manifest says about the profile, beyond the arguments
+    # Write each defective picture's mask by default. The plant profile stands for the sets
+    # plants and public benchmarks ship for inspection (magnetic tile, KolektorSDD2, MVTec-AD,
+    # Severstal), which come with a mask per defective photo; the quickstart's tiles stand
+    # for a set labelled by folder only.
+    masks: bool = False
 
 
 PROFILES = {
@@ -90,6 +95,7 @@ PROFILES = {
         plant.render_plant_image, plant.class_weights, plant.IMAGES, plant.SIZE, plant.DIFFICULTY, plant.OK_FRACTION,
         {"sides": "each image [size/2, size] px", "grey_share": plant.MONO_SHARE, "defect_shares": plant.DEFECT_SHARES,
          "multi_defect_share": plant.MULTI_SHARE, "defect_window": list(plant.WINDOW), "label_rule": plant.LABEL_RULE},
+        masks=True,
     ),
 }
 
@@ -174,7 +180,7 @@ def synthesize(
     split_fractions: tuple[float, float, float] = (0.6, 0.2, 0.2),
     workers: int | None = None,
     force: bool = False,
-    masks: bool = False,
+    masks: bool | None = None,
 ) -> dict:
     """Write the data set and return its manifest. `progress(k)` is called with the
     number of images just finished. Arguments left None take the profile's defaults
@@ -186,6 +192,7 @@ def synthesize(
     size = spec.size if size is None else size
     difficulty = spec.difficulty if difficulty is None else difficulty
     ok_fraction = spec.ok_fraction if ok_fraction is None else ok_fraction
+    masks = spec.masks if masks is None else masks
     if images < len(SPLITS) * len(CLASSES):
         raise DtrainError(f"--images {images} is too few", f"use at least {len(SPLITS) * len(CLASSES)} (one per split and class)")
     if not 16 <= size <= 2048:
