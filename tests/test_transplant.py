@@ -1,20 +1,23 @@
 """Defects lifted off masked photos and laid onto defect-free ones while training
 (data.transplant, dtrain/data/transplant.py): the lifted defect is the change it made to
 the surface, it lands whole at a random turn and place with its class and mask, a grey
-part stays grey, and a seeded draw is reproducible. Exact resume with it under DDP:
+part stays grey, a seeded draw is reproducible, and where a set has no defect-free class a
+defective photo's own defect is taken off before another is laid on. Exact resume with it under DDP:
 tests/test_train_ddp.py (recipe-options)."""
 
 from __future__ import annotations
+
+import shutil
 
 import pytest
 import torch
 from pydantic import ValidationError
 
 from dtrain.data.config import DataConfig
-from dtrain.data.datasets import open_split
+from dtrain.data.datasets import InspectionDataset, open_split
 from dtrain.data.mask_targets import MARKED, UNKNOWN
 from dtrain.data.synth import synthesize
-from dtrain.data.transplant import DILATE, lay, lift
+from dtrain.data.transplant import DILATE, lay, lift, take_off
 from dtrain.errors import ConfigError
 from dtrain.train.config import TrainConfig
 
@@ -23,6 +26,12 @@ def _photo(h: int = 96, w: int = 96) -> torch.Tensor:
     """A smooth part (a gradient 80..120 across) with a clear mask channel."""
     ramp = torch.linspace(80, 120, w).round().to(torch.uint8).expand(h, w)
     return torch.cat([ramp.expand(3, h, w), torch.zeros(1, h, w, dtype=torch.uint8)]).contiguous()
+
+
+def _drop_ok(root) -> None:
+    """A defect-types-only copy: the defect-free folders removed."""
+    for split in ("train", "val", "test"):
+        shutil.rmtree(root / split / "ok")
 
 
 def _disc(h: int, w: int, cy: int, cx: int, r: int) -> torch.Tensor:
@@ -35,13 +44,17 @@ def test_a_lifted_defect_is_the_change_it_made_to_the_surface():
     disc = _disc(96, 96, 40, 60, 6)
     donor[:3][:, disc] -= torch.tensor([30, 20, 10], dtype=torch.uint8)[:, None]  # a tinted dark spot
     donor[3][disc] = MARKED
-    change, mask = lift(donor)
+    change, mask, corner = lift(donor)
     # The crop is the mask's box widened by DILATE on every side.
     assert change.shape == (3, 13 + 2 * DILATE, 13 + 2 * DILATE) and mask.shape == (1, *change.shape[1:])
+    assert corner == (40 - 6 - DILATE, 60 - 6 - DILATE)
     inside = _disc(*change.shape[1:], 6 + DILATE, 6 + DILATE, 6)
     assert (change[:, inside].float().mean(1) - torch.tensor([-30.0, -20.0, -10.0])).abs().max() <= 2
     assert change[:, ~(mask[0] > 0)].abs().max() == 0  # nothing outside the widened mask
     assert (mask[0][inside] == MARKED).all()
+    # Taken off, the spot is gone: the part is its smooth self again, its mask clear.
+    clean = take_off(donor, (change, mask, corner))
+    assert (clean[:3].int() - _photo()[:3].int()).abs().max() <= 2 and not clean[3].any()
     # A photo whose mask marks nothing, or is unknown, gives no donor.
     assert lift(_photo()) is None
     unknown = _photo()
@@ -55,7 +68,7 @@ def test_a_laid_defect_lands_whole_with_its_mask(grey):
     disc = _disc(96, 96, 40, 60, 6)
     donor[:3][:, disc] -= torch.tensor([30, 20, 10], dtype=torch.uint8)[:, None]
     donor[3][disc] = MARKED
-    change, mask = lift(donor)
+    change, mask, _ = lift(donor)
     part = _photo(64, 128)
     if not grey:
         part[1] = part[1] // 2  # a tinted finish
@@ -105,14 +118,41 @@ def test_the_dataset_gives_defect_free_draws_a_donors_defect_and_class(tmp_path)
     assert all(plain[i][1] == ok for i in good)
 
 
-def test_transplant_needs_masks_and_a_defect_free_class(tmp_path):
+def test_without_a_defect_free_class_a_defect_is_swapped_for_another(tmp_path):
+    synthesize(tmp_path, images=120, size=32, seed=6, workers=1, masks=True)
+    _drop_ok(tmp_path)
+    cfg = DataConfig(root=str(tmp_path), image_size=32, transplant=0.9, negative_class=None)
+    ds = open_split(cfg, "train", train=True, masks=True)
+    plain = open_split(cfg.model_copy(update={"transplant": 0.0}), "train", train=True, masks=True)
+    assert ds.negative_index is None and ds.transplants is not None
+    relabelled = changed = moved = 0
+    for i in range(len(ds)):
+        torch.manual_seed(i)
+        img, target = ds[i]
+        own = plain[i][0]
+        if torch.equal(img, own):
+            continue
+        changed += 1
+        relabelled += target != ds.targets[i]
+        # The photo's own defect is gone from where it was, unless the laid one covers it.
+        marked = img[3] == MARKED
+        assert marked.any() and not (img[3] == UNKNOWN).any()
+        gone = (own[3] == MARKED) & ~marked
+        if gone.any():
+            moved += 1
+            assert not torch.equal(img[:3][:, gone], own[:3][:, gone])
+        torch.manual_seed(i)
+        again, target_again = ds[i]
+        assert target_again == target and torch.equal(again, img)
+    assert changed > len(ds) // 2 and relabelled > len(ds) // 4 and moved > changed // 2
+
+
+def test_transplant_needs_masks(tmp_path):
     with pytest.raises(ValidationError, match="mask_loss"):
         TrainConfig.model_validate({"data": {"root": str(tmp_path), "transplant": 0.5}})
     TrainConfig.model_validate({"data": {"root": str(tmp_path), "transplant": 0.5}, "mask_loss": 1.0})
-    synthesize(tmp_path / "d", images=60, size=32, seed=6, workers=1, masks=True)
-    with pytest.raises(ConfigError, match="defect-free class"):
-        open_split(DataConfig(root=str(tmp_path / "d"), image_size=32, transplant=0.5, negative_class=None), "train",
-                   train=True, masks=True)
+    with pytest.raises(ConfigError, match="masks"):
+        InspectionDataset([str(tmp_path / "a.png")], [1], ["ok", "dent"], 0, 32, transplant=0.5)
 
 
 def test_the_recipe_transplants_where_masks_and_good_parts_are(tmp_path):
@@ -126,5 +166,6 @@ def test_the_recipe_transplants_where_masks_and_good_parts_are(tmp_path):
     assert on.value == TRANSPLANT and f"{masked.masked_defects} masked defective photos" in on.reason
     assert as_config(plan(masked))["data"]["transplant"] == TRANSPLANT
     assert transplant(gather(DataConfig(root=str(tmp_path / "plain"), image_size=32))).value == 0
+    _drop_ok(tmp_path / "masked")
     types = gather(DataConfig(root=str(tmp_path / "masked"), image_size=32, negative_class=None))
-    assert transplant(types).value == 0 and "no defect-free class" in transplant(types).reason
+    assert transplant(types).value == TRANSPLANT and "own defects taken off" in transplant(types).reason

@@ -41,7 +41,8 @@ class DataConfig(StrictModel):
     shift: float = Field(0.0, ge=0, le=0.25)
     # With the training photos' masks (TrainConfig.mask_loss): this share of the defect-free
     # training draws receives a defect lifted off a masked defective photo, as a change of the
-    # surface, at a random turn and place, and takes its class and mask
+    # surface, at a random turn and place, and takes its class and mask; without a defect-free
+    # class, this share of the masked defective draws has its own defects taken off first
     # (dtrain/data/transplant.py). 0 = none.
     transplant: float = Field(0.0, ge=0, lt=1)
     # How each epoch's training images are drawn. "uniform": a permutation, every image once.

@@ -50,7 +50,7 @@ class InspectionDataset(Dataset):
         cache_decoded: bool = False,
         sample_bits: int = FULL_BITS,  # DataConfig.sample_bits
         masks: Sequence[str | None] | None = None,  # per photo its mask file (mask_targets.mask_files)
-        transplant: float = 0.0,  # DataConfig.transplant: needs masks and a defect-free class
+        transplant: float = 0.0,  # DataConfig.transplant: needs masks
     ) -> None:
         self.paths = list(paths)
         self.targets = list(targets)
@@ -72,11 +72,11 @@ class InspectionDataset(Dataset):
             self._fill_cache()
         self.transplants: Transplants | None = None
         if transplant:
-            if self.masks is None or negative_index is None:
-                raise ConfigError("data.transplant lays defects lifted off masked photos onto defect-free ones",
-                                  "it needs the photos' masks (mask_loss) and a defect-free class; set data.transplant: 0")
+            if self.masks is None:
+                raise ConfigError("data.transplant lays defects lifted off masked photos onto other parts",
+                                  "it needs the photos' masks (mask_loss); set data.transplant: 0")
             donors = [j for j, (t, m) in enumerate(zip(self.targets, self.masks)) if t != negative_index and m is not None]
-            self.transplants = Transplants(transplant, donors, self.targets, self._load)
+            self.transplants = Transplants(transplant, donors, self.targets, self._load, negative_index)
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -86,8 +86,8 @@ class InspectionDataset(Dataset):
         if img is None:
             return None
         target = self.targets[index]
-        if self.transplants is not None and target == self.negative_index:
-            img, target = self.transplants(img, target)
+        if self.transplants is not None:
+            img, target = self.transplants(img, index)
         if self.transform is not None:
             img = self.transform(img)
         return img, target

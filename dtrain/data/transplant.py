@@ -16,11 +16,17 @@ How (`Transplants`):
   blur (sigma: the input's side / BLUR_SHARE, wider than a scratch or a pit, narrower than
   a part's shading), the edge feathered; kept as the crop around the mask (int16), per
   process, on first use;
-- a defect-free photo drawn by the sampler receives one, with probability `share`: a
-  donor drawn uniformly, the crop turned and flipped as the augmentation turns parts, laid
+- a host drawn by the sampler receives one, with probability `share`: a donor drawn
+  uniformly, the crop turned and flipped as the augmentation turns parts, laid
   at a uniformly random place where it fits, clipped to 0..255. A grey picture receives the
   defect's grey level (a monochrome camera sees no tint). Its label becomes the donor's
   class and its mask channel the donor's widened mask at that place.
+- the hosts: the defect-free photos where the set has a defect-free class. Where it has
+  none (a set of defect types only), the donors themselves, each with its own defects
+  taken off first (photo - its lifted change: the background estimate inside the widened
+  mask), so the part shows only the laid defect and the label stays true. The same
+  surfaces and finishes then carry every type instead of one: the network is taught the
+  defect's shape, not which part or finish a type happened to be photographed on.
 
 Draws from torch's RNG only, so a caller that seeds torch per sample
 (dtrain.train.loaders.SeededSamples) gets the same transplants on a resumed run.
@@ -45,10 +51,13 @@ DILATE = 2
 Loader = Callable[[int], torch.Tensor | None]  # index -> uint8 [4, H, W] (photo + mask) or None
 
 
-def lift(pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+Lifted = tuple[torch.Tensor, torch.Tensor, tuple[int, int]]
+
+
+def lift(pixels: torch.Tensor) -> Lifted | None:
     """uint8 [4, H, W] (a defective photo and its mask) -> (int16 [3, h, w] the defect as a
-    change of the surface, uint8 [1, h, w] its widened mask), cropped to the widened mask's
-    box; None: the mask marks nothing (or is UNKNOWN)."""
+    change of the surface, uint8 [1, h, w] its widened mask, (row, column) of the crop in the
+    photo), cropped to the widened mask's box; None: the mask marks nothing (or is UNKNOWN)."""
     marked = (pixels[3:4] == MARKED).to(torch.float32)[None]  # an UNKNOWN mask (127) marks nothing
     if not marked.any():
         return None
@@ -63,7 +72,18 @@ def lift(pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     rows = torch.nonzero(wide[0, 0].any(1)).flatten()
     cols = torch.nonzero(wide[0, 0].any(0)).flatten()
     box = (slice(None), slice(int(rows[0]), int(rows[-1]) + 1), slice(int(cols[0]), int(cols[-1]) + 1))
-    return change[box].contiguous(), (wide[0] > 0).to(torch.uint8).mul_(MARKED)[box].contiguous()
+    return change[box].contiguous(), (wide[0] > 0).to(torch.uint8).mul_(MARKED)[box].contiguous(), (box[1].start, box[2].start)
+
+
+def take_off(pixels: torch.Tensor, lifted: Lifted) -> torch.Tensor:
+    """uint8 [4, H, W] a defective photo + its own lifted defect -> the photo without it
+    (the background estimate inside the widened mask), its mask channel cleared."""
+    change, _, (y0, x0) = lifted
+    out = pixels.clone()
+    window = (slice(None), slice(y0, y0 + change.shape[-2]), slice(x0, x0 + change.shape[-1]))
+    out[:3][window] = (out[:3][window].to(torch.int16) - change).clamp_(0, 255).to(torch.uint8)
+    out[3:4].zero_()
+    return out
 
 
 def _blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
@@ -113,19 +133,36 @@ def lay(pixels: torch.Tensor, change: torch.Tensor, mask: torch.Tensor) -> torch
 class Transplants:
     """Per dataset (and per worker process: each fills its own crops as it meets donors)."""
 
-    def __init__(self, share: float, donors: list[int], targets: list[int], load: Loader) -> None:
+    def __init__(self, share: float, donors: list[int], targets: list[int], load: Loader,
+                 negative_index: int | None) -> None:
         self.share, self.donors, self.targets, self._load = share, donors, targets, load
-        self._lifted: dict[int, tuple[torch.Tensor, torch.Tensor] | None] = {}
+        self.negative_index = negative_index  # None: the donors are the hosts (take_off first)
+        self._donor_set = set(donors)
+        self._lifted: dict[int, Lifted | None] = {}
 
-    def __call__(self, pixels: torch.Tensor, target: int) -> tuple[torch.Tensor, int]:
-        """A defect-free photo -> itself, or (with probability `share`) a donor's defect on it."""
-        if not self.donors or float(torch.rand(())) >= self.share:
+    def __call__(self, pixels: torch.Tensor, index: int) -> tuple[torch.Tensor, int]:
+        """Draw `index` (its pixels) -> itself and its label, or (with probability `share`,
+        where it is a host) a donor's defect on it and the donor's class."""
+        target = self.targets[index]
+        if self.negative_index is not None:
+            host = target == self.negative_index
+        else:
+            host = index in self._donor_set
+        if not host or float(torch.rand(())) >= self.share:
             return pixels, target
         j = self.donors[int(torch.randint(0, len(self.donors), ()))]
+        lifted = self._lift(j)
+        if lifted is None:
+            return pixels, target
+        if self.negative_index is None:
+            own = self._lift(index)
+            if own is None:
+                return pixels, target
+            pixels = take_off(pixels, own)
+        return lay(pixels, lifted[0], lifted[1]), self.targets[j]
+
+    def _lift(self, j: int) -> Lifted | None:
         if j not in self._lifted:
             donor = self._load(j)
             self._lifted[j] = None if donor is None else lift(donor)
-        lifted = self._lifted[j]
-        if lifted is None:
-            return pixels, target
-        return lay(pixels, *lifted), self.targets[j]
+        return self._lifted[j]
