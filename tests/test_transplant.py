@@ -116,6 +116,12 @@ def test_the_dataset_gives_defect_free_draws_a_donors_defect_and_class(tmp_path)
     assert ds[bad][1] == ds.targets[bad]
     plain = open_split(DataConfig(root=str(tmp_path), image_size=32), "train", train=True, masks=True)
     assert all(plain[i][1] == ok for i in good)
+    # A set whose defective photos have no mask files gives no donor: every draw is itself.
+    synthesize(tmp_path / "unmasked", images=90, size=32, seed=5, workers=1, masks=False)
+    bare = open_split(DataConfig(root=str(tmp_path / "unmasked"), image_size=32, transplant=0.9), "train", train=True,
+                      masks=True)
+    assert bare.transplants is not None and not bare.transplants.donors
+    assert all(bare[i][1] == bare.targets[i] for i in range(len(bare)))
 
 
 def test_without_a_defect_free_class_a_defect_is_swapped_for_another(tmp_path):

@@ -148,7 +148,7 @@ class Transplants:
             host = target == self.negative_index
         else:
             host = index in self._donor_set
-        if not host or float(torch.rand(())) >= self.share:
+        if not host or not self.donors or float(torch.rand(())) >= self.share:
             return pixels, target
         j = self.donors[int(torch.randint(0, len(self.donors), ()))]
         lifted = self._lift(j)
