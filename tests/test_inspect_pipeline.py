@@ -76,6 +76,21 @@ def test_a_folder_is_read_without_hidden_copies_and_archive_debris(tmp_path):
     assert [p.relative_to(tmp_path).as_posix() for p in collect_inputs([str(tmp_path)])] == ["a.png", "line2/b.jpg"]
 
 
+def test_linked_folders_are_followed_and_a_loop_read_once(tmp_path):
+    from dtrain.serve.inspect_batch import collect_inputs
+
+    for rel in ("store/dent/a.png", "store/pit/b.png"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"not decoded here")
+    subset = tmp_path / "subset"
+    subset.mkdir()
+    for cls in ("dent", "pit"):  # a subset made of linked class folders, as training reads them
+        (subset / cls).symlink_to(tmp_path / "store" / cls, target_is_directory=True)
+    (tmp_path / "store" / "dent" / "up").symlink_to(subset, target_is_directory=True)  # a loop
+
+    assert [p.relative_to(subset).as_posix() for p in collect_inputs([str(subset)])] == ["dent/a.png", "pit/b.png"]
+
+
 def test_masks_beside_the_photos_are_not_judged_as_parts(tmp_path):
     import numpy as np
     from PIL import Image

@@ -138,8 +138,18 @@ def _images_under(folder: Path, skipped: dict[str, str]) -> list[Path]:
     `._name.jpg` resource forks that carry an image's suffix but no image. Masks beside
     their photos (dtrain.data.masks.masks_among) go to `skipped`."""
     found = []
-    for here, dirs, names in os.walk(folder):  # linked folders are not entered (as rglob did): no loops
-        dirs[:] = [d for d in dirs if not hidden_or_debris(d)]
+    # Linked folders are followed, as the data layer follows them when training (a set of
+    # linked class folders is a common way to pick a subset without copying); a folder met
+    # again through a link (a loop) is not.
+    seen = {os.path.realpath(folder)}
+    for here, dirs, names in os.walk(folder, followlinks=True):
+        kept = []
+        for d in sorted(dirs):
+            real = os.path.realpath(os.path.join(here, d))
+            if not hidden_or_debris(d) and real not in seen:
+                seen.add(real)
+                kept.append(d)
+        dirs[:] = kept
         files = [p for p in (Path(here, n) for n in names if not hidden_or_debris(n)
                              and Path(n).suffix.lower() in IMAGE_SUFFIXES) if p.is_file()]
         masks = masks_among(files)
