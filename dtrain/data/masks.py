@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"})
@@ -62,6 +63,23 @@ def images_under(folder: Path) -> tuple[list[Path], dict[str, str]]:
     return images, left_out
 
 
+def walk(folder: Path) -> Iterator[tuple[str, list[str], list[str]]]:
+    """os.walk, top-down, with linked folders followed (a class folder of links is a common
+    way to pick a subset without copying) and a folder met again through a link (a loop) left
+    out, as are hidden folders and archive debris; the sub-folders come sorted. A caller may
+    prune `dirs` further in place, as with os.walk."""
+    seen = {os.path.realpath(folder)}
+    for here, dirs, names in os.walk(folder, followlinks=True):
+        kept = []
+        for d in sorted(dirs):
+            real = os.path.realpath(os.path.join(here, d))
+            if not hidden_or_debris(d) and real not in seen:
+                seen.add(real)
+                kept.append(d)
+        dirs[:] = kept
+        yield here, dirs, names
+
+
 def masks_of_images(folder: Path) -> tuple[list[Path], dict[str, Path], dict[str, str]]:
     """images_under's images and left-out files, and {image: its mask} for the images that
     have one: a mask beside it (as images_under finds them), or a file of a ground-truth
@@ -74,13 +92,9 @@ def _scan(folder: Path) -> tuple[list[Path], dict[str, str], dict[str, Path]]:
     images: list[Path] = []
     left_out: dict[str, str] = {}
     pairs: dict[str, Path] = {}
-    seen = {os.path.realpath(folder)}  # links are followed (a class folder of links is common); a loop is not
-    for here, dirs, names in os.walk(folder, followlinks=True):
+    for here, dirs, names in walk(folder):
         kept, truth = [], []
-        for d in sorted(dirs):
-            if hidden_or_debris(d) or os.path.realpath(os.path.join(here, d)) in seen:
-                continue
-            seen.add(os.path.realpath(os.path.join(here, d)))
+        for d in dirs:
             if d.lower() in MASK_DIRS:
                 # A folder's key ends in a separator, so a reader tells it from a file without a stat.
                 left_out[os.path.join(here, d, "")] = f"a sub-folder named '{d}': ground truth, not photos"

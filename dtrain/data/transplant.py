@@ -155,14 +155,16 @@ class Transplants:
         if lifted is None:
             return pixels, target
         if self.negative_index is None:
-            own = self._lift(index)
+            own = self._lift(index, pixels)
             if own is None:
                 return pixels, target
             pixels = take_off(pixels, own)
         return lay(pixels, lifted[0], lifted[1]), self.targets[j]
 
-    def _lift(self, j: int) -> Lifted | None:
+    def _lift(self, j: int, pixels: torch.Tensor | None = None) -> Lifted | None:
+        """Photo `j`'s lifted defect, lifted on first use (from `pixels`, its own, when the
+        caller already holds them: a host's photo is not read twice)."""
         if j not in self._lifted:
-            donor = self._load(j)
+            donor = self._load(j) if pixels is None else pixels
             self._lifted[j] = None if donor is None else lift(donor)
         return self._lifted[j]

@@ -33,7 +33,7 @@ from typing import IO
 
 import numpy as np
 
-from dtrain.data.masks import hidden_or_debris, masks_among
+from dtrain.data.masks import hidden_or_debris, masks_among, walk
 from dtrain.errors import DtrainError
 from dtrain.serve.images import DEFAULT_MAX_PIXELS, IMAGE_SUFFIXES, ImageRejected, decode_checked, resize
 
@@ -138,18 +138,7 @@ def _images_under(folder: Path, skipped: dict[str, str]) -> list[Path]:
     `._name.jpg` resource forks that carry an image's suffix but no image. Masks beside
     their photos (dtrain.data.masks.masks_among) go to `skipped`."""
     found = []
-    # Linked folders are followed, as the data layer follows them when training (a set of
-    # linked class folders is a common way to pick a subset without copying); a folder met
-    # again through a link (a loop) is not.
-    seen = {os.path.realpath(folder)}
-    for here, dirs, names in os.walk(folder, followlinks=True):
-        kept = []
-        for d in sorted(dirs):
-            real = os.path.realpath(os.path.join(here, d))
-            if not hidden_or_debris(d) and real not in seen:
-                seen.add(real)
-                kept.append(d)
-        dirs[:] = kept
+    for here, _, names in walk(folder):  # linked folders followed, as training reads them
         files = [p for p in (Path(here, n) for n in names if not hidden_or_debris(n)
                              and Path(n).suffix.lower() in IMAGE_SUFFIXES) if p.is_file()]
         masks = masks_among(files)
