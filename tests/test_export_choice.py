@@ -96,6 +96,24 @@ def test_pick_prefers_the_fastest_faithful_backend():
     assert pick(unfaithful) == "ort-fp32"
 
 
+def test_a_quantised_backend_needs_enough_agreeing_images_to_be_chosen():
+    from dtrain.serve.export import QUANTISED_MAX_DISAGREEMENT, _unfaithful
+    from dtrain.serve.verify import Verification
+
+    def seen(n: int, k: int) -> Verification:
+        return Verification(split="val", n_images=n, n_defective=n, verdict_agreement=(n - k) / n, max_abs_p_defect_diff=0.01,
+                            miss_rate=0.0, false_alarm_rate=0.0, threshold=0.5)
+
+    # 90 of 90 agreeing (a small classifier's validation split) cannot show int8 changes < 1 in 100.
+    why = _unfaithful(seen(90, 0), 0.0, quantised=True)
+    assert "0 of 90 val verdicts differ" in why and f"{QUANTISED_MAX_DISAGREEMENT:.0%}" in why
+    assert _unfaithful(seen(90, 0), 0.0) == ""  # an fp32 backend reproduces the scores: no such evidence needed
+    assert _unfaithful(seen(299, 0), 0.0, quantised=True) == ""
+    assert _unfaithful(seen(600, 1), 0.0, quantised=True) == ""
+    assert "2 of 600" in _unfaithful(seen(600, 2), 0.0, quantised=True)
+    assert "agreement <" in _unfaithful(seen(1000, 6), 0.0, quantised=True)
+
+
 @pytest.fixture(scope="module")
 def auto_export(trained_checkpoint, synth_data, tmp_path_factory):
     """`dtrain export` as a user runs it (defaults but --format onnx, which keeps the

@@ -3,7 +3,8 @@
 The export measures every candidate on the validation split and records, under the
 exporting machine's kind (machine.py), a table (agreement with the checkpoint, miss
 rate, images/s) and the chosen backend: the fastest whose verdicts agree with the
-checkpoint's on >= 99.5 % of the validation images and whose miss rate is no worse.
+checkpoint's on >= 99.5 % of the validation images and whose miss rate is no worse (a
+quantised one must also show that on enough images: export._unfaithful).
 
 The fastest backend on one machine is not the fastest on another (int8 wants VNNI,
 bf16 wants AVX512-BF16/AMX or a GPU), and int8 arithmetic itself differs between
