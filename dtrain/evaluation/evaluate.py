@@ -238,6 +238,7 @@ def evaluate(
     # where this evaluation ran (always fp32: predict_split uses no autocast).
     result["run"] = meta.get("run")
     result["eval_device"] = _device_name(dev)
+    result["score"] = meta["score"]  # what P(defect) is: the classifier's, or pooled with its mask head
     if out_dir is not None:
         write_outputs(Path(out_dir), result, preds[cfg.test_split])
     return result

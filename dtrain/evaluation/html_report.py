@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dtrain.models.config import SCORE_CLASSIFIER, SCORE_POOLED
+
 # How many missed / falsely alarmed test images the report shows.
 MAX_SAMPLES = 12
 
@@ -126,7 +128,15 @@ def _run_rows(report: dict[str, Any]) -> list[tuple[str, Any, str]]:
         ("DDP world size", run.get("world_size"), report.get("backend", "")),
         ("seed", run.get("seed"), f"torch {run.get('torch', '')}"),
         ("evaluated on", report.get("eval_device", ""), "fp32"),
+        ("P(defect) from", report.get("score", SCORE_CLASSIFIER), SCORE_DETAIL.get(report.get("score", SCORE_CLASSIFIER), "")),
     ]
+
+
+# Why a reader should care which score decided (dtrain/models/defect_score.py).
+SCORE_DETAIL = {
+    SCORE_CLASSIFIER: "the class probabilities alone",
+    SCORE_POOLED: "the classifier's P(defect) pooled with the mask head's most defective cell",
+}
 
 
 def _per_class(report: dict[str, Any]) -> str:

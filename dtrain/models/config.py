@@ -9,6 +9,12 @@ from pydantic import model_validator
 from dtrain.configio import StrictModel
 
 
+# What a trained network's P(defect) is, as reports and model directories name it
+# (model.score_with_mask; dtrain/models/defect_score.py).
+SCORE_CLASSIFIER = "classifier"
+SCORE_POOLED = "classifier + mask head (mean log-odds)"
+
+
 class ModelConfig(StrictModel):
     arch: Literal["resnet18", "resnet34", "resnet50", "small_resnet"] = "resnet18"
     # A local weights file (state_dict or a dtrain checkpoint); never downloaded.
@@ -33,6 +39,11 @@ class ModelConfig(StrictModel):
     # resize would otherwise do by averaging (dtrain/models/small.py). torchvision's ResNets
     # already stride their stem.
     stem_stride: Literal[1, 2] = 1
+    # With a mask head trained beside the classifier (TrainConfig.mask_loss) and a
+    # defect-free class, P(defect) at inference is the mean log-odds of the classifier's
+    # and the head's most defective cell (dtrain/models/defect_score.py); false: the
+    # classifier's alone. Training ignores it.
+    score_with_mask: bool = True
 
     @model_validator(mode="after")
     def _stem_stride_is_small_resnets(self) -> "ModelConfig":

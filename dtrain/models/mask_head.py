@@ -12,10 +12,11 @@ learned from few images. Here the mask is an auxiliary target only:
 - the head reads the output of the network's third stage (1/8 to 1/16 of the input side,
   fine enough to place a defect, coarse enough to be cheap) through a forward hook, so
   the classifier's modules, parameter names and forward stay as they are;
-- it exists only in training: evaluation, export, inspect and serve run the classifier
-  alone, and a checkpoint's "model" holds exactly the classifier's weights (the head's
-  own go to "mask_head", for resume);
-- the classifier is what decides; the head's loss only shapes the shared features.
+- a checkpoint's "model" holds exactly the classifier's weights; the head's own go to
+  "mask_head", for resume and for inference;
+- at inference, where the data has a defect-free class, P(defect) pools the classifier's
+  and the head's most defective cell (dtrain/models/defect_score.py,
+  model.score_with_mask); without one (defect types only) the classifier alone decides.
 """
 
 from __future__ import annotations

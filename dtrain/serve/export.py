@@ -208,6 +208,7 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
             views=int(meta["config"]["model"].get("views", 1)),
             classes=classes,
             negative_class=negative,
+            score=meta["score"],
             threshold=threshold,
             target_miss_rate=target,
             threshold_rule=threshold_rule,

@@ -24,6 +24,7 @@ from pydantic import Field, ValidationError
 from dtrain.configio import StrictModel
 from dtrain.data.config import input_hw
 from dtrain.errors import DtrainError
+from dtrain.models.config import SCORE_CLASSIFIER
 from dtrain.serve.choice import MachineChoice
 
 CARD = "model.json"
@@ -75,6 +76,8 @@ class ModelCard(StrictModel):
     views: int = Field(1, ge=1)
     classes: list[str]
     negative_class: str | None  # None: a classifier (no defect-free class); verdicts are "defect" + class
+    # What P(defect) is (dtrain.models.config.SCORE_*): the classifier's, or pooled with its mask head.
+    score: str = SCORE_CLASSIFIER
     threshold: float = Field(ge=0.0, le=1.0)
     target_miss_rate: float
     threshold_rule: str = "rate"  # model directories written before the field existed used "rate"; "given": --threshold

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from dtrain.errors import DtrainError
+from dtrain.models.config import SCORE_CLASSIFIER, SCORE_POOLED
 
 LAST = "last.pt"
 BEST = "best.pt"  # the lowest validation loss so far (TrainConfig.keep_best)
@@ -168,6 +169,8 @@ def load_for_inference(path: str | Path, map_location: str | torch.device = "cpu
     model_cfg = ModelConfig.model_validate({**ckpt["config"]["model"], "pretrained": None})
     model = build_model(model_cfg, len(ckpt["classes"]))
     model.load_state_dict(ckpt["model"])
+    pooled = pooled_score(model, model_cfg, ckpt)
+    model = pooled if pooled is not None else model
     # Every consumer of a trained network scores it alike, on the views it was trained for.
     model = with_views(model, model_cfg.views)
     model.to(map_location).eval()
@@ -175,7 +178,24 @@ def load_for_inference(path: str | Path, map_location: str | torch.device = "cpu
     # "run": what trained it (dtrain.train.facts); absent in checkpoints before it existed.
     meta.update(epoch=ckpt["epoch"], step=ckpt["step"], run=ckpt.get("run"))
     meta["image_width"] = ckpt.get("image_width")  # absent before inputs could be rectangles: a square
+    meta["score"] = SCORE_POOLED if pooled is not None else SCORE_CLASSIFIER
     return model, meta
+
+
+def pooled_score(model: nn.Module, model_cfg, ckpt: dict[str, Any]) -> nn.Module | None:
+    """The classifier with its trained mask head pooled into P(defect)
+    (dtrain/models/defect_score.py), where the checkpoint has a head and a defect-free
+    class and model.score_with_mask allows it; else None."""
+    from dtrain.models.build import NORMS
+    from dtrain.models.defect_score import PooledDefectScore
+    from dtrain.models.mask_head import with_mask_head
+
+    negative = ckpt.get("negative_class")
+    if not model_cfg.score_with_mask or "mask_head" not in ckpt or negative is None:
+        return None
+    scored = with_mask_head(model, NORMS[model_cfg.norm])
+    scored.head.load_state_dict(ckpt["mask_head"])
+    return PooledDefectScore(scored, list(ckpt["classes"]).index(negative), len(ckpt["classes"]))
 
 
 def input_fields(meta: dict) -> dict:

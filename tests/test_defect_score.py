@@ -1,0 +1,125 @@
+"""P(defect) pooled from the classifier and its mask head (owner: train; dtrain/models/defect_score.py):
+the arithmetic, what load_for_inference builds from which checkpoint, and that the
+exported networks (ONNX, torch.export) reproduce the pooled score."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+from dtrain.models.build import build_model
+from dtrain.models.config import ModelConfig
+from dtrain.models.defect_score import PooledDefectScore
+from dtrain.models.mask_head import with_mask_head
+
+
+def _logit(p: torch.Tensor) -> torch.Tensor:
+    return torch.log(p) - torch.log1p(-p)
+
+
+@pytest.mark.parametrize("negative", [0, 2, 3])
+def test_pooled_p_defect_is_the_mean_log_odds_and_keeps_the_classifiers_defect_type(negative):
+    torch.manual_seed(negative)
+    scored = with_mask_head(build_model(ModelConfig(arch="small_resnet"), 4)).eval()
+    pooled = PooledDefectScore(scored, negative, 4).eval()
+    x = torch.rand(6, 3, 48, 48)
+    with torch.no_grad():
+        logits, mask = scored(x)
+        out = pooled(x)
+    p_cls = logits.double().softmax(1)
+    p_defect_cls = 1 - p_cls[:, negative]
+    peak = mask.double().flatten(1).amax(1)
+    want = torch.sigmoid((_logit(p_defect_cls) + peak) / 2)
+    probs = out.double().exp()
+    torch.testing.assert_close(probs.sum(1), torch.ones(6, dtype=torch.float64), atol=1e-5, rtol=0)
+    torch.testing.assert_close(1 - probs[:, negative], want, atol=1e-5, rtol=0)
+    defects = [i for i in range(4) if i != negative]
+    # The defect classes keep the classifier's proportions, so the type shown is its own.
+    torch.testing.assert_close(probs[:, defects] / probs[:, defects].sum(1, keepdim=True),
+                               p_cls[:, defects] / p_cls[:, defects].sum(1, keepdim=True), atol=1e-5, rtol=0)
+    assert not torch.allclose(1 - probs[:, negative], p_defect_cls, atol=1e-3)  # the head's peak moved it
+
+
+def test_a_confident_peak_raises_p_defect_and_a_quiet_map_lowers_it():
+    torch.manual_seed(0)
+    scored = with_mask_head(build_model(ModelConfig(arch="small_resnet"), 2)).eval()
+    pooled = PooledDefectScore(scored, 0, 2).eval()
+    x = torch.rand(3, 3, 32, 32)
+    with torch.no_grad():
+        p_cls = 1 - scored(x)[0].softmax(1)[:, 0]
+        scored.head.out.bias.fill_(8.0)  # every cell sure of a defect
+        high = 1 - pooled(x).exp()[:, 0]
+        scored.head.out.bias.fill_(-8.0)  # every cell sure it is clean
+        low = 1 - pooled(x).exp()[:, 0]
+    assert (high > p_cls).all() and (low < p_cls).all()
+
+
+@pytest.fixture(scope="module")
+def masked_checkpoint(tmp_path_factory):
+    """A 4-step small_resnet trained with mask_loss on a masked synthetic set (ok + defects)."""
+    from dtrain.data.synth import synthesize
+    from dtrain.train import checkpoint as ckpt
+    from dtrain.train.config import TrainConfig
+    from dtrain.train.trainer import run
+
+    root = tmp_path_factory.mktemp("pooled")
+    synthesize(root / "data", images=120, size=32, seed=3, workers=1, masks=True)
+    cfg = TrainConfig.model_validate({
+        "data": {"root": str(root / "data"), "image_size": 32, "num_workers": 0},
+        "model": {"arch": "small_resnet", "pool": "avgmax"}, "epochs": 1, "max_steps": 4, "batch_size": 8,
+        "precision": "fp32", "device": "cpu", "threads": 1, "deterministic": True, "val_every_epoch": False,
+        "mask_loss": 1.0, "output_dir": str(root / "run")})
+    threads = torch.get_num_threads()  # run() sets the process's intra-op threads
+    try:
+        run(cfg, stream=io.StringIO())
+    finally:
+        torch.set_num_threads(threads)
+    return ckpt.find_resume(root / "run"), root / "data"
+
+
+def _variant(path, tmp_path, name, edit):
+    blob = torch.load(path, map_location="cpu", weights_only=True)
+    edit(blob)
+    out = tmp_path / f"{name}.pt"
+    torch.save(blob, out)
+    return out
+
+
+def test_inference_pools_where_a_head_and_a_defect_free_class_exist(masked_checkpoint, tmp_path):
+    from dtrain.models.config import SCORE_CLASSIFIER, SCORE_POOLED
+    from dtrain.train.checkpoint import load_for_inference
+
+    path, _data = masked_checkpoint
+    x = torch.rand(4, 3, 32, 32)
+    pooled, meta = load_for_inference(path)
+    assert meta["score"] == SCORE_POOLED and isinstance(pooled, PooledDefectScore)
+
+    def off(blob):
+        blob["config"]["model"]["score_with_mask"] = False
+
+    def headless(blob):
+        del blob["mask_head"]
+
+    for name, edit in (("off", off), ("headless", headless)):
+        alone, meta = load_for_inference(_variant(path, tmp_path, name, edit))
+        assert meta["score"] == SCORE_CLASSIFIER and not isinstance(alone, PooledDefectScore), name
+    with torch.no_grad():
+        assert not torch.allclose(pooled(x).exp(), alone(x).softmax(1), atol=1e-4)
+        # The classifier inside the pooled network is the checkpoint's own, weight for weight.
+        torch.testing.assert_close(pooled.scored.net(x), alone(x))
+
+
+@pytest.mark.slow
+def test_exported_networks_reproduce_the_pooled_score(masked_checkpoint, tmp_path):
+    from dtrain.serve.export import ExportOptions, export
+    from dtrain.models.config import SCORE_POOLED
+
+    path, data = masked_checkpoint
+    card = export(ExportOptions(checkpoint=str(path), out=str(tmp_path / "model"), data=str(data), quantize="none",
+                                measure_seconds=0.1))
+    assert "ort-fp32" in card.backends and card.score == SCORE_POOLED
+    for name, check in card.verification.items():
+        # Against the checkpoint's pooled P(defect) on the validation split: the same verdicts, the same scores.
+        assert check.verdict_agreement == 1.0 and check.max_abs_p_defect_diff < 1e-4, name
