@@ -117,9 +117,12 @@ def test_exported_networks_reproduce_the_pooled_score(masked_checkpoint, tmp_pat
     from dtrain.models.config import SCORE_POOLED
 
     path, data = masked_checkpoint
-    card = export(ExportOptions(checkpoint=str(path), out=str(tmp_path / "model"), data=str(data), quantize="none",
-                                measure_seconds=0.1))
-    assert "ort-fp32" in card.backends and card.score == SCORE_POOLED
+    # Every backend this machine runs (int8 always; bf16 under autocast where the CPU has it).
+    card = export(ExportOptions(checkpoint=str(path), out=str(tmp_path / "model"), data=str(data), measure_seconds=0.1))
+    assert {"ort-fp32", "torch-eager"} <= set(card.backends) and card.score == SCORE_POOLED
     for name, check in card.verification.items():
-        # Against the checkpoint's pooled P(defect) on the validation split: the same verdicts, the same scores.
-        assert check.verdict_agreement == 1.0 and check.max_abs_p_defect_diff < 1e-4, name
+        # Against the checkpoint's pooled P(defect) on the validation split: fp32 gives the
+        # same verdicts and scores; a quantised network close ones.
+        exact = name in ("ort-fp32", "torch-eager", "torch-compile")
+        assert check.max_abs_p_defect_diff < (1e-4 if exact else 0.1), name
+        assert check.verdict_agreement == 1.0 or not exact, name

@@ -45,13 +45,16 @@ class PooledDefectScore(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits, mask = self.scored(x)
-        log_p = F.log_softmax(logits.float(), dim=1)
+        # No dtype casts: torch.export records one as an assertion that fails when the
+        # torch-bf16 backend runs the program under autocast (as in views.py); autocast runs
+        # log_softmax in fp32 and the sum below promotes the bf16 peak.
+        log_p = F.log_softmax(logits, dim=1)
         n = self.negative_index
         log_ok = log_p[:, n]
         log_defect_types = log_p.index_select(1, self.defects)
         log_defect = torch.logsumexp(log_defect_types, dim=1)
         # Logit of the classifier's P(defect): log P(defect) - log P(ok), finite where either underflows.
-        pooled = 0.5 * ((log_defect - log_ok) + mask.float().flatten(1).amax(dim=1))
+        pooled = 0.5 * ((log_defect - log_ok) + mask.flatten(1).amax(dim=1))
         share = log_defect_types - log_defect[:, None]  # each defect class's part of P(defect)
         defect_types = F.logsigmoid(pooled)[:, None] + share
         ok = F.logsigmoid(-pooled)[:, None]
