@@ -58,7 +58,8 @@ def test_a_confident_peak_raises_p_defect_and_a_quiet_map_lowers_it():
 
 @pytest.fixture(scope="module")
 def masked_checkpoint(tmp_path_factory):
-    """A 4-step small_resnet trained with mask_loss on a masked synthetic set (ok + defects)."""
+    """A 4-step small_resnet trained with mask_loss on a masked synthetic set (ok + defects),
+    its config asking for the pooled score."""
     from dtrain.data.synth import synthesize
     from dtrain.train import checkpoint as ckpt
     from dtrain.train.config import TrainConfig
@@ -68,9 +69,9 @@ def masked_checkpoint(tmp_path_factory):
     synthesize(root / "data", images=120, size=32, seed=3, workers=1, masks=True)
     cfg = TrainConfig.model_validate({
         "data": {"root": str(root / "data"), "image_size": 32, "num_workers": 0},
-        "model": {"arch": "small_resnet", "pool": "avgmax"}, "epochs": 1, "max_steps": 4, "batch_size": 8,
-        "precision": "fp32", "device": "cpu", "threads": 1, "deterministic": True, "val_every_epoch": False,
-        "mask_loss": 1.0, "output_dir": str(root / "run")})
+        "model": {"arch": "small_resnet", "pool": "avgmax", "score_with_mask": True}, "epochs": 1, "max_steps": 4,
+        "batch_size": 8, "precision": "fp32", "device": "cpu", "threads": 1, "deterministic": True,
+        "val_every_epoch": False, "mask_loss": 1.0, "output_dir": str(root / "run")})
     threads = torch.get_num_threads()  # run() sets the process's intra-op threads
     try:
         run(cfg, stream=io.StringIO())
@@ -87,7 +88,7 @@ def _variant(path, tmp_path, name, edit):
     return out
 
 
-def test_inference_pools_where_a_head_and_a_defect_free_class_exist(masked_checkpoint, tmp_path):
+def test_inference_pools_where_asked_and_a_head_and_a_defect_free_class_exist(masked_checkpoint, tmp_path):
     from dtrain.models.config import SCORE_CLASSIFIER, SCORE_POOLED
     from dtrain.train.checkpoint import load_for_inference
 
@@ -96,13 +97,16 @@ def test_inference_pools_where_a_head_and_a_defect_free_class_exist(masked_check
     pooled, meta = load_for_inference(path)
     assert meta["score"] == SCORE_POOLED and isinstance(pooled, PooledDefectScore)
 
-    def off(blob):
-        blob["config"]["model"]["score_with_mask"] = False
+    def default(blob):  # the classifier alone unless the config asks
+        del blob["config"]["model"]["score_with_mask"]
 
     def headless(blob):
         del blob["mask_head"]
 
-    for name, edit in (("off", off), ("headless", headless)):
+    def types_only(blob):  # no defect-free class: no P(defect) to pool
+        blob["negative_class"] = None
+
+    for name, edit in (("default", default), ("headless", headless), ("types_only", types_only)):
         alone, meta = load_for_inference(_variant(path, tmp_path, name, edit))
         assert meta["score"] == SCORE_CLASSIFIER and not isinstance(alone, PooledDefectScore), name
     with torch.no_grad():

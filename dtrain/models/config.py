@@ -39,11 +39,14 @@ class ModelConfig(StrictModel):
     # resize would otherwise do by averaging (dtrain/models/small.py). torchvision's ResNets
     # already stride their stem.
     stem_stride: Literal[1, 2] = 1
-    # With a mask head trained beside the classifier (TrainConfig.mask_loss) and a
+    # true: with a mask head trained beside the classifier (TrainConfig.mask_loss) and a
     # defect-free class, P(defect) at inference is the mean log-odds of the classifier's
-    # and the head's most defective cell (dtrain/models/defect_score.py); false: the
-    # classifier's alone. Training ignores it.
-    score_with_mask: bool = True
+    # and the head's most defective cell (dtrain/models/defect_score.py). Off by default: on
+    # four plant-profile checkpoints it ranked defects above good parts better in all four
+    # (AUROC), but at the threshold the faintest validation defect sets it flagged more good
+    # parts in two of the three trained as the recipe trains (BENCHMARKS.md, session 29).
+    # Training ignores it.
+    score_with_mask: bool = False
 
     @model_validator(mode="after")
     def _stem_stride_is_small_resnets(self) -> "ModelConfig":

@@ -9,11 +9,10 @@ Mixed-supervision defect detectors decide on both for that reason (the classifie
 the segmentation's output as well as the features). Here they are pooled as log-odds, the
 mean of the classifier's logit of P(defect) and the peak cell's logit: an independent-ish
 pair of estimates on the same scale, where one confident reading moves the verdict only
-halfway. Measured with `dtrain eval` on three plant-profile models (BENCHMARKS.md,
-session 29), the pooled score ranked defective above good parts better in all three
-(AUROC, and the false alarms at the faintest test defect's score); at the threshold set by
-the faintest validation defect it flagged fewer good parts in two of them and more in one,
-whose faintest validation defect neither reading sees.
+halfway. Measured with `dtrain eval` on four plant-profile models (BENCHMARKS.md,
+session 29), the pooled score ranked defective above good parts better in all four
+(AUROC); at the threshold set by the faintest validation defect it flagged fewer good
+parts on two and more on two, so it is an option (model.score_with_mask), off by default.
 
 The result is written back as class log-probabilities: the defect-free class gets
 log(1 - P(defect)), each defect class its share of P(defect) in the classifier's

@@ -14,9 +14,9 @@ learned from few images. Here the mask is an auxiliary target only:
   the classifier's modules, parameter names and forward stay as they are;
 - a checkpoint's "model" holds exactly the classifier's weights; the head's own go to
   "mask_head", for resume and for inference;
-- at inference, where the data has a defect-free class, P(defect) pools the classifier's
-  and the head's most defective cell (dtrain/models/defect_score.py,
-  model.score_with_mask); without one (defect types only) the classifier alone decides.
+- at inference the classifier decides; with model.score_with_mask and a defect-free
+  class, P(defect) pools it with the head's most defective cell
+  (dtrain/models/defect_score.py).
 """
 
 from __future__ import annotations

@@ -312,10 +312,8 @@ def mask_supervision(stats: DataStats) -> Decision:
         "mask_loss", MASK_LOSS,
         f"{stats.masked_defects} of the {defects} defective training photos have a mask: a small head on the "
         "network's inner features learns to draw it beside the class loss (equal weights), so the pixel labels tell "
-        "the network where each defect lies instead of leaving it to find which pixels differ"
-        + ("; at inspection the head's most defective spot votes with the classifier on P(defect) "
-           "(model.score_with_mask)" if stats.negative_class is not None else
-           "; with no defect-free class the classifier alone names the type"),
+        "the network where each defect lies instead of leaving it to find which pixels differ; the classifier "
+        "alone decides at inspection (model.score_with_mask: true lets the head's most defective spot vote too)",
     )
 
 
