@@ -123,3 +123,20 @@ def test_export_errors_are_one_line(trained_checkpoint, tmp_path, capsys):
     assert main(["export", str(trained_checkpoint), "--out", str(out), "--backends", "ort-fp32,onnx"]) != 0
     assert "unknown backend 'onnx'" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_checkpoint_that_scores_nan_is_refused_before_anything_is_written(trained_checkpoint, synth_data, tmp_path, capsys):
+    import torch
+
+    from dtrain.cli.app import main
+
+    # A diverged run's weights: the export would choose a NaN threshold and write a model.json no loader reads.
+    blob = torch.load(trained_checkpoint, map_location="cpu", weights_only=True)
+    blob["model"]["fc.bias"] = torch.full_like(blob["model"]["fc.bias"], float("nan"))
+    broken = tmp_path / "diverged.pt"
+    torch.save(blob, broken)
+    out = tmp_path / "m"
+    assert main(["export", str(broken), "--out", str(out), "--format", "onnx", "--data", str(synth_data)]) != 0
+    err = capsys.readouterr().err
+    assert "as NaN or infinite" in err and "earlier checkpoint" in err and "Traceback" not in err
+    assert not out.exists()

@@ -127,6 +127,13 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
     val = load_val(opts.data, meta, choosing=given is None)
     wrapped = Deployable(model, meta["mean"], meta["std"]).eval()
     ref = reference_logits(wrapped, val.images)
+    broken = _not_finite(ref)
+    if broken:
+        raise DtrainError(
+            f"refusing to export: the checkpoint scores {broken} of {len(ref)} {val.split} images as NaN or infinite "
+            "(its weights hold NaN or overflow: a diverged run); nothing was written",
+            "export an earlier checkpoint (OUTPUT/checkpoints/ckpt-epochNNNN.pt), or train again with a lower optim.lr",
+        )
     from dtrain.serve.predictor import softmax64
 
     neg = None if negative is None else classes.index(negative)
@@ -168,6 +175,15 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
             backend = B.get_backend(name)
             run = backend.load(staged / backend.network)
             logits = backend_logits(run, val.images)
+            broken = _not_finite(logits)
+            if broken:
+                # A NaN would also become the backend's threshold and make model.json unreadable.
+                why = f"scores {broken} of {len(logits)} {val.split} images as NaN or infinite"
+                if name not in droppable:
+                    raise DtrainError(f"refusing to export: backend {name} {why}; nothing was written",
+                                      "export without it (--backends, --quantize none)")
+                rows.append(BackendRow(backend=name, note=f"not shipped: {why}"))
+                continue
             chooses_own = name in OWN_THRESHOLD and own_rule is not None
             own = threshold
             if chooses_own:
@@ -374,6 +390,11 @@ def _export_onnx(wrapped, example, dynamic, path: Path) -> None:
             wrapped, (example,), str(path), dynamo=True, input_names=["images"], output_names=["logits"],
             dynamic_shapes=dynamic, external_data=False, verbose=False,
         )
+
+
+def _not_finite(logits: np.ndarray) -> int:
+    """How many images' scores hold a NaN or an infinity."""
+    return int((~np.isfinite(logits).all(axis=1)).sum())
 
 
 def _unfaithful(report, ref_miss_rate: float, *, quantised: bool = False) -> str:
