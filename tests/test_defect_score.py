@@ -130,3 +130,33 @@ def test_exported_networks_reproduce_the_pooled_score(masked_checkpoint, tmp_pat
         exact = name in ("ort-fp32", "torch-eager", "torch-compile")
         assert check.max_abs_p_defect_diff < (1e-4 if exact else 0.1), name
         assert check.verdict_agreement == 1.0 or not exact, name
+
+
+@pytest.mark.slow
+def test_int8_keeps_the_probability_arithmetic_in_fp32_and_scores_finite(masked_checkpoint, tmp_path):
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    from dtrain.serve.export import Deployable, _export_onnx
+    from dtrain.serve.quantize import _name_nodes, quantize_int8
+    from dtrain.train.checkpoint import load_for_inference
+
+    path, _data = masked_checkpoint
+    model, meta = load_for_inference(path)
+    fp32, int8 = tmp_path / "model.onnx", tmp_path / "model.int8.onnx"
+    example = torch.zeros(2, 3, 32, 32, dtype=torch.uint8)
+    _export_onnx(Deployable(model, meta["mean"], meta["std"]).eval(), example,
+                 ({0: torch.export.Dim("batch", min=1, max=64)},), fp32)
+    images = np.random.default_rng(0).integers(0, 256, (24, 3, 32, 32), dtype=np.uint8)
+    quantize_int8(fp32, int8, images)
+    named = tmp_path / "named.onnx"
+    named.write_bytes(fp32.read_bytes())
+    tail = set(_name_nodes(named))
+    ops = {n.name: n.op_type for n in onnx.load(str(named)).graph.node}
+    assert {"LogSoftmax", "Sigmoid"} <= {ops[n] for n in tail} and "Conv" not in {ops[n] for n in tail}
+    # The convolutions are int8, the log-sigmoid of the pooled score is not: P(defect) stays a number.
+    quantised_ops = {n.op_type for n in onnx.load(str(int8)).graph.node}
+    assert "DequantizeLinear" in quantised_ops
+    out = ort.InferenceSession(str(int8), providers=["CPUExecutionProvider"]).run(None, {"images": images})[0]
+    assert np.isfinite(out).all() and np.allclose(np.exp(out).sum(1), 1.0, atol=1e-3)
