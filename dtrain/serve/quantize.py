@@ -79,9 +79,10 @@ PROBABILITY_OPS = frozenset({"Softmax", "LogSoftmax"})
 def _name_nodes(path: Path) -> list[str]:
     """Names every node of the ONNX file at `path` (in place; the quantiser excludes nodes by
     name) and returns those of its probability arithmetic: the (log-)softmax nodes and all
-    that their outputs feed. They stay fp32: quantised to uint8 over a calibrated range, a
-    probability near 0 becomes exactly 0 and its log -inf (the pooled score's log-sigmoid,
-    dtrain/models/defect_score.py, made every P(defect) NaN). What stays fp32 is a handful
+    that their outputs feed. They stay fp32: quantised to uint8 over one calibrated range,
+    log-probabilities that run to -inf for a sure part lose all resolution (the pooled
+    score's, dtrain/models/defect_score.py, then no longer summed to 1; its log-sigmoid
+    quantised gave NaN). What stays fp32 is a handful
     of element-wise operations on [batch, classes] tensors; on a plain classifier with 8
     views it changed nothing measurable (session 27's plant model: the same 95.17 %
     agreement and threshold either way, BENCHMARKS.md session 29)."""
