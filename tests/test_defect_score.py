@@ -169,3 +169,33 @@ def test_a_part_sure_beyond_float_range_keeps_finite_log_probabilities():
     out = _log_sigmoid(z)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, torch.nn.functional.logsigmoid(z))
+
+
+def test_asking_for_the_heads_vote_without_training_a_head_is_a_config_error(tmp_path):
+    from pydantic import ValidationError
+
+    from dtrain.train.config import TrainConfig
+
+    with pytest.raises(ValidationError, match="score_with_mask .* only with mask_loss"):
+        TrainConfig.model_validate({"data": {"root": str(tmp_path)}, "model": {"score_with_mask": True}})
+    TrainConfig.model_validate({"data": {"root": str(tmp_path)}, "model": {"score_with_mask": True}, "mask_loss": 1.0})
+
+
+def test_a_threshold_chosen_on_one_score_is_not_taken_for_the_other(tmp_path):
+    import json
+
+    from dtrain.errors import DtrainError
+    from dtrain.models.config import SCORE_CLASSIFIER, SCORE_POOLED
+    from dtrain.serve.given_threshold import from_report
+
+    report = {"task": "inspection", "classes": ["dent", "ok"], "negative_class": "ok", "image_size": 64,
+              "threshold": 0.09, "score": SCORE_POOLED, "config": {"model": {"arch": "small_resnet"}}}
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    meta = {"classes": ["dent", "ok"], "negative_class": "ok", "image_size": 64, "config": {"model": {"arch": "small_resnet"}}}
+    assert from_report(path, tmp_path / "best.pt", {**meta, "score": SCORE_POOLED}).threshold == 0.09
+    with pytest.raises(DtrainError, match="P\\(defect\\) score"):
+        from_report(path, tmp_path / "best.pt", {**meta, "score": SCORE_CLASSIFIER})
+    del report["score"]  # a report from before the field: the classifier's score
+    path.write_text(json.dumps(report))
+    assert from_report(path, tmp_path / "best.pt", {**meta, "score": SCORE_CLASSIFIER}).threshold == 0.09

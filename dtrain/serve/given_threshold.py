@@ -5,7 +5,8 @@ and then trains the final model on train + val merged: no labelled image is left
 the final model has not seen, so its export must take the report's threshold rather
 than choose one on its own training images. A report is taken only for the model it
 evaluated: same task, classes, negative class, input size and architecture, and, when
-the report's checkpoint is still where the report says, the same checkpoint file.
+the report's checkpoint is still where the report says, the same checkpoint file, and the
+same P(defect) score.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dtrain.errors import DtrainError
+from dtrain.models.config import SCORE_CLASSIFIER
 
 OTHER_REPORT_HINT = "pass the report.json of the run that trained this checkpoint, or --threshold P to take a number as it is"
 
@@ -48,6 +50,9 @@ def from_report(path: Path, checkpoint: Path, meta: dict[str, Any]) -> GivenThre
         ("image size", report.get("image_size", meta["image_size"]), int(meta["image_size"])),
         ("image width", report.get("image_width"), meta.get("image_width")),
         ("architecture", ((report.get("config") or {}).get("model") or {}).get("arch", _arch(meta)), _arch(meta)),
+        # A threshold is a point on one score's scale: the classifier's P(defect) or the
+        # one pooled with the mask head (model.score_with_mask). Reports before the field: the classifier's.
+        ("P(defect) score", report.get("score", SCORE_CLASSIFIER), meta.get("score", SCORE_CLASSIFIER)),
     ]
     for what, theirs, ours in theirs_ours:
         if theirs != ours:

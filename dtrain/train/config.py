@@ -95,6 +95,9 @@ class TrainConfig(StrictModel):
         if self.data.transplant and self.mask_loss is None:
             raise ValueError(f"data.transplant {self.data.transplant:g} lifts defects off the training photos by their "
                              "masks, which are read only with mask_loss: set mask_loss (e.g. 1.0), or data.transplant: 0")
+        if self.model.score_with_mask and self.mask_loss is None:
+            raise ValueError("model.score_with_mask pools the mask head's vote into P(defect), and a head is trained "
+                             "only with mask_loss: set mask_loss (e.g. 1.0), or model.score_with_mask: false")
         h, w = self.data.input_hw
         if self.model.views > 4 and h != w:
             raise ValueError(f"model.views {self.model.views} needs a square input, but it is {h} x {w} px "
