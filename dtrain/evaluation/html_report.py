@@ -122,13 +122,14 @@ def _run_rows(report: dict[str, Any]) -> list[tuple[str, Any, str]]:
         features = ", ".join(f"{k}: {'yes' if run.get(k) else 'no'}" for k in ("avx512_bf16", "amx"))
         device = ("device", "cpu", f"{run.get('cpu', '')}; {features}")
     emulated = " (emulated: this CPU has no native bf16)" if run.get("bf16_native") is False else ""
+    score = report.get("score", SCORE_CLASSIFIER)  # reports before the field: the classifier's
     return [
         ("training precision", run.get("precision"), f"resolved from the config's precision{emulated}"),
         device,
         ("DDP world size", run.get("world_size"), report.get("backend", "")),
         ("seed", run.get("seed"), f"torch {run.get('torch', '')}"),
         ("evaluated on", report.get("eval_device", ""), "fp32"),
-        ("P(defect) from", report.get("score", SCORE_CLASSIFIER), SCORE_DETAIL.get(report.get("score", SCORE_CLASSIFIER), "")),
+        ("P(defect) from", score, SCORE_DETAIL.get(score, "")),
     ]
 
 

@@ -72,7 +72,8 @@ FP32_BACKENDS = ("ort-fp32", "torch-eager", "torch-compile")
 # ~1e-6 and keep its threshold. A number (--threshold) or a report's threshold chosen on
 # out-of-fold scores (a k-fold quickstart, whose final model has no held-out images left)
 # is kept for every backend (_own_threshold_rule).
-OWN_THRESHOLD = frozenset(QUANTIZED["auto"])
+QUANTISED_BACKENDS = frozenset(QUANTIZED["auto"])
+OWN_THRESHOLD = QUANTISED_BACKENDS
 DEFAULT_TARGET_MISS_RATE = 0.005
 # A quantised backend may be chosen only where the validation split shows, at 95 %
 # confidence, that it changes under 1 in 100 of the checkpoint's verdicts (_unfaithful):
@@ -199,7 +200,7 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
                 notes.append(_own_threshold_note(name, own, threshold))
             step(f"timing {name} at batch {opts.batch}")
             throughput[name] = round(B.measure(run, batch_of(val.images, opts.batch), min_seconds=opts.measure_seconds), 1)
-            why_not = _unfaithful(report, ref_miss_rate, quantised=name in OWN_THRESHOLD)
+            why_not = _unfaithful(report, ref_miss_rate, quantised=name in QUANTISED_BACKENDS)
             if why_not and name in droppable and neg is not None and report.verdict_agreement < PREFER_MIN_AGREEMENT:
                 notes.append(describe_disagreement(name, p_defect(softmax64(logits), neg), p_ref, is_defect, threshold, own,
                                                    PREFER_MIN_AGREEMENT))

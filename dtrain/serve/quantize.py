@@ -57,7 +57,7 @@ def quantize_int8(fp32_path: Path, out_path: Path, calibration: np.ndarray) -> N
             # (dtrain/models/views.py) regroups its batch: it fails with a TypeError.
             # ONNX's own shape inference, which still runs, is all a CNN needs.
             quant_pre_process(str(fp32_path), str(prepared), skip_symbolic_shape=True)
-        tail = _name_nodes(prepared)
+        tail = _probability_nodes(prepared)
         quantize_static(
             str(prepared),
             str(out_path),
@@ -76,9 +76,9 @@ def quantize_int8(fp32_path: Path, out_path: Path, calibration: np.ndarray) -> N
 PROBABILITY_OPS = frozenset({"Softmax", "LogSoftmax"})
 
 
-def _name_nodes(path: Path) -> list[str]:
-    """Names every node of the ONNX file at `path` (in place; the quantiser excludes nodes by
-    name) and returns those of its probability arithmetic: the (log-)softmax nodes and all
+def _probability_nodes(path: Path) -> list[str]:
+    """The names of the probability arithmetic of the ONNX file at `path` (its nodes get
+    names in place where they have none: the quantiser excludes nodes by name): the (log-)softmax nodes and all
     that their outputs feed. They stay fp32: quantised to uint8 over one calibrated range,
     log-probabilities that run to -inf for a sure part lose all resolution (the pooled
     score's, dtrain/models/defect_score.py, then no longer summed to 1; its log-sigmoid

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from dtrain.errors import DtrainError
-from dtrain.models.config import SCORE_CLASSIFIER, SCORE_POOLED
+from dtrain.models.config import SCORE_CLASSIFIER, SCORE_POOLED, ModelConfig
 
 LAST = "last.pt"
 BEST = "best.pt"  # the lowest validation loss so far (TrainConfig.keep_best)
@@ -182,7 +182,7 @@ def load_for_inference(path: str | Path, map_location: str | torch.device = "cpu
     return model, meta
 
 
-def pooled_score(model: nn.Module, model_cfg, ckpt: dict[str, Any]) -> nn.Module | None:
+def pooled_score(model: nn.Module, model_cfg: ModelConfig, ckpt: dict[str, Any]) -> nn.Module | None:
     """The classifier with its trained mask head pooled into P(defect)
     (dtrain/models/defect_score.py), where the checkpoint has a head and a defect-free
     class and model.score_with_mask allows it; else None."""
