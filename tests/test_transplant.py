@@ -1,7 +1,8 @@
 """Defects lifted off masked photos and laid onto defect-free ones while training
 (data.transplant, dtrain/data/transplant.py): the lifted defect is the change it made to
 the surface, it lands whole at a random turn and place with its class and mask, a grey
-part stays grey, a seeded draw is reproducible, and where a set has no defect-free class a
+part stays grey, a seeded draw is reproducible, a defect may be laid fainter than it was
+photographed (data.transplant_min_strength), and where a set has no defect-free class a
 defective photo's own defect is taken off before another is laid on. Exact resume with it under DDP:
 tests/test_train_ddp.py (recipe-options)."""
 
@@ -17,7 +18,7 @@ from dtrain.data.config import DataConfig
 from dtrain.data.datasets import InspectionDataset, open_split
 from dtrain.data.mask_targets import MARKED, UNKNOWN
 from dtrain.data.synth import synthesize
-from dtrain.data.transplant import DILATE, lay, lift, take_off
+from dtrain.data.transplant import DILATE, Transplants, lay, lift, take_off
 from dtrain.errors import ConfigError
 from dtrain.train.config import TrainConfig
 
@@ -92,6 +93,67 @@ def test_a_laid_defect_lands_whole_with_its_mask(grey):
     first = lay(part, change, mask)
     torch.manual_seed(5)
     assert torch.equal(first, lay(part, change, mask))  # seeded: reproducible
+
+
+def _spot_donor() -> torch.Tensor:
+    donor = _photo()
+    disc = _disc(96, 96, 40, 60, 6)
+    donor[:3][:, disc] -= torch.tensor([40, 40, 40], dtype=torch.uint8)[:, None]  # a grey dark spot
+    donor[3][disc] = MARKED
+    return donor
+
+
+def _laid_depth(out: torch.Tensor, part: torch.Tensor) -> float:
+    """How much darker the laid spot made the part, at its deepest."""
+    return float((part[:3].int() - out[:3].int()).amax())
+
+
+def test_a_defect_is_laid_at_the_strength_asked():
+    change, mask, _ = lift(_spot_donor())
+    part = _photo(64, 64)
+    torch.manual_seed(1)
+    full = lay(part, change, mask)
+    torch.manual_seed(1)
+    half = lay(part, change, mask, 0.5)
+    # The same place and turn, the change halved (rounded), the mask whole.
+    assert torch.equal(full[3], half[3])
+    assert abs(_laid_depth(half, part) - _laid_depth(full, part) / 2) <= 1
+    assert _laid_depth(full, part) >= 36
+
+
+def test_transplants_draw_a_strength_only_when_asked():
+    """min_strength 1 lays every defect as photographed and draws nothing more from torch's
+    RNG (a run without the option is the run it was before it); below 1, each laid defect has
+    its own strength in [min_strength, 1]."""
+    donor, part = _spot_donor(), _photo()
+    photos = [part, donor]
+    targets = [0, 1]
+
+    def draws(min_strength: float) -> list[tuple[torch.Tensor, float]]:
+        t = Transplants(0.999, [1], targets, lambda j: photos[j], 0, min_strength)
+        torch.manual_seed(3)
+        out = []
+        for _ in range(30):
+            img, label = t(part, 0)
+            assert label == 1
+            out.append((img, _laid_depth(img, part)))
+        out.append((torch.rand(()), 0.0))  # where the stream stands afterwards
+        return out
+
+    change, mask, _ = lift(donor)
+    torch.manual_seed(3)
+    by_hand = []
+    for _ in range(30):
+        torch.rand(())  # the share's draw
+        torch.randint(0, 1, ())  # the donor's
+        by_hand.append(lay(part, change, mask))
+    after = torch.rand(())
+    plain = draws(1.0)
+    assert all(torch.equal(img, ref) for (img, _), ref in zip(plain, by_hand)) and torch.equal(plain[-1][0], after)
+    full = plain[0][1]
+    depths = [d for _, d in draws(0.5)[:-1]]
+    assert all(full / 2 - 1 <= d <= full for d in depths)
+    assert min(depths) < 0.7 * full and max(depths) > 0.85 * full  # spread over the range, not one value
 
 
 def test_the_dataset_gives_defect_free_draws_a_donors_defect_and_class(tmp_path):

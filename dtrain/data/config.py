@@ -45,6 +45,12 @@ class DataConfig(StrictModel):
     # class, this share of the masked defective draws has its own defects taken off first
     # (dtrain/data/transplant.py). 0 = none.
     transplant: float = Field(0.0, ge=0, lt=1)
+    # Each transplanted defect's change to the surface is scaled by a strength drawn uniformly
+    # from [transplant_min_strength, 1], to thicken a labelled set's faint end (inspectors label
+    # what they see), on which a no-miss threshold rests. 1 = laid as photographed, and no draw:
+    # the same transplants as before this field. The recipe leaves it at 1: at 0.5 neither the
+    # plant check nor the types-only copy improved (BENCHMARKS.md, session 30).
+    transplant_min_strength: float = Field(1.0, gt=0, le=1)
     # How each epoch's training images are drawn. "uniform": a permutation, every image once.
     # "sqrt_inverse": with replacement, class c drawn in proportion to sqrt(n_c) (so each of
     # its images with weight 1/sqrt(n_c)): a class of 30 images among 1500 OK ones then fills

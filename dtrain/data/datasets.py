@@ -51,6 +51,7 @@ class InspectionDataset(Dataset):
         sample_bits: int = FULL_BITS,  # DataConfig.sample_bits
         masks: Sequence[str | None] | None = None,  # per photo its mask file (mask_targets.mask_files)
         transplant: float = 0.0,  # DataConfig.transplant: needs masks
+        transplant_min_strength: float = 1.0,  # DataConfig.transplant_min_strength
     ) -> None:
         self.paths = list(paths)
         self.targets = list(targets)
@@ -76,7 +77,8 @@ class InspectionDataset(Dataset):
                 raise ConfigError("data.transplant lays defects lifted off masked photos onto other parts",
                                   "it needs the photos' masks (mask_loss); set data.transplant: 0")
             donors = [j for j, (t, m) in enumerate(zip(self.targets, self.masks)) if t != negative_index and m is not None]
-            self.transplants = Transplants(transplant, donors, self.targets, self._load, negative_index)
+            self.transplants = Transplants(transplant, donors, self.targets, self._load, negative_index,
+                                           transplant_min_strength)
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -203,6 +205,7 @@ def open_split(cfg: DataConfig, split: str, *, train: bool, masks: bool = False)
         sample_bits=cfg.sample_bits,
         masks=mask_targets.mask_files(listing.paths) if masks else None,
         transplant=cfg.transplant if train and masks else 0.0,
+        transplant_min_strength=cfg.transplant_min_strength,
     )
 
 

@@ -18,7 +18,8 @@ How (`Transplants`):
   process, on first use;
 - a host drawn by the sampler receives one, with probability `share`: a donor drawn
   uniformly, the crop turned and flipped as the augmentation turns parts, laid
-  at a uniformly random place where it fits, clipped to 0..255. A grey picture receives the
+  at a uniformly random place where it fits, its change scaled by a strength drawn from
+  [min_strength, 1] (DataConfig.transplant_min_strength), clipped to 0..255. A grey picture receives the
   defect's grey level (a monochrome camera sees no tint). Its label becomes the donor's
   class and its mask channel the donor's widened mask at that place.
 - the hosts: the defect-free photos where the set has a defect-free class. Where it has
@@ -103,9 +104,12 @@ def _blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
     return x
 
 
-def lay(pixels: torch.Tensor, change: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def lay(pixels: torch.Tensor, change: torch.Tensor, mask: torch.Tensor, strength: float = 1.0) -> torch.Tensor:
     """uint8 [4, H, W] defect-free photo + a lifted defect -> the photo with it, at a random
-    turn and place (torch's RNG). The photo's own mask channel is replaced by the defect's."""
+    turn and place (torch's RNG), its change scaled by `strength`. The photo's own mask
+    channel is replaced by the defect's (a fainter defect is still all there)."""
+    if strength != 1.0:
+        change = (change.to(torch.float32) * strength).round_().to(torch.int16)
     k, flip = (int(v) for v in torch.randint(0, 4, (2,)))
     change, mask = (t.flip(-1) if flip & 1 else t for t in (change, mask))
     h, w = pixels.shape[-2:]
@@ -134,8 +138,9 @@ class Transplants:
     """Per dataset (and per worker process: each fills its own crops as it meets donors)."""
 
     def __init__(self, share: float, donors: list[int], targets: list[int], load: Loader,
-                 negative_index: int | None) -> None:
+                 negative_index: int | None, min_strength: float = 1.0) -> None:
         self.share, self.donors, self.targets, self._load = share, donors, targets, load
+        self.min_strength = min_strength
         self.negative_index = negative_index  # None: the donors are the hosts (take_off first)
         self._donor_set = set(donors)
         self._lifted: dict[int, Lifted | None] = {}
@@ -159,7 +164,10 @@ class Transplants:
             if own is None:
                 return pixels, target
             pixels = take_off(pixels, own)
-        return lay(pixels, lifted[0], lifted[1]), self.targets[j]
+        strength = 1.0
+        if self.min_strength < 1.0:  # no draw at 1: the stream, and so the run, as before the option
+            strength = self.min_strength + (1.0 - self.min_strength) * float(torch.rand(()))
+        return lay(pixels, lifted[0], lifted[1], strength), self.targets[j]
 
     def _lift(self, j: int, pixels: torch.Tensor | None = None) -> Lifted | None:
         """Photo `j`'s lifted defect, lifted on first use (from `pixels`, its own, when the
