@@ -122,24 +122,26 @@ class Recipe:
     folds: int  # k of k-fold training for the threshold; 0: the threshold comes from validation
     images_seen: int  # what the budget affords one run (recipe/budget.py)
     fixed_epochs: int | None = None  # --epochs: every run's, whatever its size
+    epoch_cap: int | None = None  # decide.epoch_cap; None (a quickstart.json from before it): MAX_EPOCHS
 
     def epochs_for(self, n: int) -> int:
         """A run's epochs for its `n` training images."""
-        from dtrain.recipe.decide import epochs
+        from dtrain.recipe.decide import MAX_EPOCHS, epochs
 
-        return self.fixed_epochs or epochs(n, self.images_seen).value
+        return self.fixed_epochs or epochs(n, self.images_seen, cap=self.epoch_cap or MAX_EPOCHS).value
 
     def as_json(self) -> dict[str, Any]:
         """What quickstart.json keeps, so a continued run need not decide (and time the machine) again."""
         return {"cfg": self.cfg, "decisions": self.decisions, "notes": self.notes, "data": self.data.model_dump(),
-                "folds": self.folds, "images_seen": self.images_seen, "fixed_epochs": self.fixed_epochs}
+                "folds": self.folds, "images_seen": self.images_seen, "fixed_epochs": self.fixed_epochs,
+                "epoch_cap": self.epoch_cap}
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Recipe:
         from dtrain.data.config import DataConfig
 
         return cls(raw["cfg"], raw["decisions"], raw["notes"], DataConfig.model_validate(raw["data"]), int(raw["folds"]),
-                   int(raw["images_seen"]), raw.get("fixed_epochs"))
+                   int(raw["images_seen"]), raw.get("fixed_epochs"), raw.get("epoch_cap"))
 
 
 def recipe_config(
@@ -152,8 +154,8 @@ def recipe_config(
     from dtrain.data.config import DataConfig
     from dtrain.recipe import budget
     from dtrain.recipe.decide import (
-        Decision, as_config, aspect, inference_views, input_side, lend_test_images, max_epochs, network, notes, plan,
-        time_budget, width_for,
+        Decision, as_config, aspect, epoch_cap, inference_views, input_side, lend_test_images, max_epochs, network,
+        notes, plan, time_budget, width_for,
     )
     from dtrain.recipe.folds import plan_folds
     from dtrain.recipe.stats import describe_layout, detect_layout, gather
@@ -184,9 +186,10 @@ def recipe_config(
                                 opts.precision, ranks=opts.nproc or default_nproc(), width=cols and cols(wanted.value),
                                 mask_head=bool(stats.masked_defects))
         seconds_per_image = budget.scaled(measured, wanted.value, cols)
-    # A small set is capped at MAX_EPOCHS passes: the budget then buys pixels, not repeats. Sized
+    # A small set is capped at epoch_cap passes: the budget then buys pixels, not repeats. Sized
     # on the training split: under k-fold the final run's train + val is larger, never smaller.
-    needed = budget.images_needed(stats.n_train)
+    cap = epoch_cap(stats)
+    needed = budget.images_needed(stats.n_train, cap)
     if opts.folds is None:
         k, fit, why_k = budget.fit_folds(wanted, folds.k, opts.budget_minutes * 60, seconds_per_image, needed)
     else:  # the command line wins, said so
@@ -204,7 +207,7 @@ def recipe_config(
     else:  # asked-for epochs are not cut by the clock
         decisions.append(time_budget(fit.seconds, bool(k)))
         planned = next(d.value for d in decisions if d.field == "epochs")
-        if (most := max_epochs(n_final, planned, bool(k))) is not None:
+        if (most := max_epochs(n_final, planned, bool(k), cap)) is not None:
             decisions.append(most)
     decisions.append(Decision("threshold k-fold", k, folds.reason + why_k))  # a decision about runs: not in train.yaml
     for d in decisions:
@@ -216,7 +219,7 @@ def recipe_config(
     cfg["data"].update(root=str(data_dir), **layout)
     cfg.update(seed=opts.seed, precision=opts.precision, output_dir=str(output_dir))
     listed = [{"field": d.field, "value": d.value, "reason": d.reason} for d in decisions]
-    return Recipe(cfg, listed, remarks, data, k, fit.images_seen, opts.epochs)
+    return Recipe(cfg, listed, remarks, data, k, fit.images_seen, opts.epochs, cap)
 
 
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -190,3 +190,9 @@ def test_recipe_round_trip():
     assert back.as_json() == recipe.as_json() and back.data.negative_class is None
     assert back.epochs_for(1000) == recipe.epochs_for(1000) > 1
     assert Recipe.from_json({**recipe.as_json(), "fixed_epochs": 2}).epochs_for(1000) == 2
+    # The epoch cap travels with the recipe; a quickstart.json from before it had none: MAX_EPOCHS.
+    small = Recipe.from_json({**recipe.as_json(), "epoch_cap": 300})
+    assert small.epochs_for(270) == 300 and Recipe.from_json(json.loads(json.dumps(small.as_json()))).epochs_for(270) == 300
+    old = recipe.as_json()
+    old.pop("epoch_cap")
+    assert Recipe.from_json(old).epochs_for(270) == 100

@@ -93,6 +93,30 @@ def test_epochs_from_a_budget_of_images_seen():
     assert D.max_epochs(1800, 50, kfold=False) is None and D.max_epochs(1800, 5, kfold=True) is None
 
 
+def test_transplants_raise_the_epoch_cap_of_a_small_set():
+    """With transplants each pass shows new composites: a small masked set may take up to
+    MAX_EPOCHS_TRANSPLANTED passes (its images_seen budget still bounds it); a set without masks
+    keeps MAX_EPOCHS, and a large set is bounded by the images-seen budget either way."""
+    import dataclasses
+
+    from dtrain.recipe import budget as B
+
+    types = {"crack": 32, "dent": 54, "pit": 35, "scratch": 81, "stain": 68}  # 270, no defect-free class
+    plain = _stats(counts=types, negative=None)
+    masked = dataclasses.replace(plain, masked_defects=270)
+    assert D.epoch_cap(plain) == D.MAX_EPOCHS < D.epoch_cap(masked) == D.MAX_EPOCHS_TRANSPLANTED
+    by_field = lambda stats: {d.field: d for d in D.plan(stats)}  # noqa: E731
+    assert by_field(plain)["epochs"].value == D.MAX_EPOCHS
+    raised = by_field(masked)["epochs"]
+    assert raised.value == min(D.MAX_EPOCHS_TRANSPLANTED, -(-D.BUDGET_IMAGES // 270)) > D.MAX_EPOCHS
+    assert "transplants make each pass new" in raised.reason
+    assert D.epochs(270, 41_518, cap=D.epoch_cap(masked)).value == 41_518 // 270  # the clock's cut, below the cap
+    assert B.images_needed(270, D.epoch_cap(masked)) == 270 * D.MAX_EPOCHS_TRANSPLANTED
+    assert D.max_epochs(270, 100, kfold=False, cap=D.epoch_cap(masked)).value == D.MAX_EPOCHS_TRANSPLANTED
+    large = dataclasses.replace(_stats(), masked_defects=110)  # 1610 images: 56 passes buy the budget
+    assert by_field(large)["epochs"].value == by_field(_stats())["epochs"].value == 56
+
+
 def test_validation_and_negative_class_decisions():
     fields = {d.field: d.value for d in D.plan(_stats())}
     assert fields["val_every_epoch"] is True and fields["keep_best"] is True

@@ -13,8 +13,8 @@ the final one, or the one run); the input side is the largest multiple of 32, at
 the data's choice and at least a quarter of the native side (below that a defect a few
 pixels wide at native resolution is gone; and at least 128 px with a strided stem,
 decide.stem), at which each run still sees
-BUDGET_IMAGES images, or MAX_EPOCHS passes over a set too small for that (images_needed:
-270 images want 27 000 seen, and spending the rest of the budget on pixels is what a
+BUDGET_IMAGES images, or the epoch cap's passes over a set too small for that (images_needed:
+270 images want 27 000 seen at MAX_EPOCHS, 81 000 with transplants, and spending the rest of the budget on pixels is what a
 small set of faint defects can still use). When not even that floor affords them, the floor side is kept
 and the images seen are cut to what fits, with a warning: a weaker model in time
 rather than a good one too late.
@@ -86,10 +86,10 @@ def _plan(budget_s: float, runs: int, per_run: float, cost: float, side: int) ->
             f"{cost * 1000:.1f} ms per image at {side} px")
 
 
-def images_needed(n_train: int) -> int:
-    """Images one run sees when time is no object: BUDGET_IMAGES, or MAX_EPOCHS passes over a set
-    too small for that (decide.epochs). A side is afforded when the budget buys this many."""
-    return min(BUDGET_IMAGES, n_train * MAX_EPOCHS)
+def images_needed(n_train: int, cap: int = MAX_EPOCHS) -> int:
+    """Images one run sees when time is no object: BUDGET_IMAGES, or `cap` passes (decide.epoch_cap)
+    over a set too small for that (decide.epochs). A side is afforded when the budget buys this many."""
+    return min(BUDGET_IMAGES, n_train * cap)
 
 
 def fit_budget(
