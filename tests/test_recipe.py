@@ -111,6 +111,8 @@ def test_transplants_raise_the_epoch_cap_of_a_small_set():
     assert raised.value == min(D.MAX_EPOCHS_TRANSPLANTED, -(-D.BUDGET_IMAGES // 270)) > D.MAX_EPOCHS
     assert "transplants make each pass new" in raised.reason
     assert D.epochs(270, 41_518, cap=D.epoch_cap(masked)).value == 41_518 // 270  # the clock's cut, below the cap
+    short = D.epochs(100, 41_518, cap=D.epoch_cap(masked))  # a budget short of BUDGET_IMAGES binds at the raised cap
+    assert short.value == D.MAX_EPOCHS_TRANSPLANTED and "transplants make each pass new" in short.reason
     assert B.images_needed(270, D.epoch_cap(masked)) == 270 * D.MAX_EPOCHS_TRANSPLANTED
     assert D.max_epochs(270, 100, kfold=False, cap=D.epoch_cap(masked)).value == D.MAX_EPOCHS_TRANSPLANTED
     large = dataclasses.replace(_stats(), masked_defects=110)  # 1610 images: 56 passes buy the budget

@@ -14,8 +14,8 @@ the data's choice and at least a quarter of the native side (below that a defect
 pixels wide at native resolution is gone; and at least 128 px with a strided stem,
 decide.stem), at which each run still sees
 BUDGET_IMAGES images, or the epoch cap's passes over a set too small for that (images_needed:
-270 images want 27 000 seen at MAX_EPOCHS, 81 000 with transplants, and spending the rest of the budget on pixels is what a
-small set of faint defects can still use). When not even that floor affords them, the floor side is kept
+270 images want 27 000 seen at MAX_EPOCHS, 81 000 with transplants, decide.epoch_cap; and
+spending the rest of the budget on pixels is what a small set of faint defects can still use). When not even that floor affords them, the floor side is kept
 and the images seen are cut to what fits, with a warning: a weaker model in time
 rather than a good one too late.
 

@@ -218,12 +218,15 @@ def epoch_cap(stats: DataStats) -> int:
 def epochs(n: int, images_seen: int = BUDGET_IMAGES, budget: str = "", cap: int = MAX_EPOCHS) -> Decision:
     """Epochs for `n` training images, at most `cap` (epoch_cap); `images_seen` below
     BUDGET_IMAGES is the wall-clock budget's cut (recipe/budget.py), which then wins over MIN_EPOCHS."""
+    # epoch_cap's two values: MAX_EPOCHS, or the raised cap of a set with transplants.
+    why_cap = ("past that a small set is memorised rather than learned" if cap == MAX_EPOCHS
+               else "transplants make each pass new")
     if images_seen >= BUDGET_IMAGES:
         e = min(cap, max(MIN_EPOCHS, math.ceil(images_seen / n)))
-        bounds = f"{MIN_EPOCHS}..{cap} epochs" + ("" if cap == MAX_EPOCHS else ": transplants make each pass new")
+        bounds = f"{MIN_EPOCHS}..{cap} epochs" + ("" if cap == MAX_EPOCHS else f": {why_cap}")
     elif images_seen // n > cap:  # the budget is short of BUDGET_IMAGES, the set is smaller still
         e = cap
-        bounds = f"at most {cap} epochs: past that a small set is memorised rather than learned"
+        bounds = f"at most {cap} epochs: {why_cap}"
     else:
         e = max(1, images_seen // n)
         bounds = "cut to fit the wall-clock budget, at least 1 epoch"
