@@ -221,6 +221,10 @@ def test_transplant_needs_masks(tmp_path):
     TrainConfig.model_validate({"data": {"root": str(tmp_path), "transplant": 0.5}, "mask_loss": 1.0})
     with pytest.raises(ConfigError, match="masks"):
         InspectionDataset([str(tmp_path / "a.png")], [1], ["ok", "dent"], 0, 32, transplant=0.5)
+    # A fainter strength without transplants would change nothing: refused, saying what to set.
+    with pytest.raises(ValidationError, match="data.transplant is 0"):
+        DataConfig(root=str(tmp_path), transplant_min_strength=0.5)
+    assert DataConfig(root=str(tmp_path), transplant=0.5, transplant_min_strength=0.5).transplant_min_strength == 0.5
 
 
 def test_the_recipe_transplants_where_masks_and_good_parts_are(tmp_path):

@@ -100,6 +100,15 @@ class DataConfig(StrictModel):
                              f"(upright pictures are turned a quarter); swap them, or set image_width: null for a square")
         return None if v == side else v
 
+    @field_validator("transplant_min_strength")
+    @classmethod
+    def _strength_of_transplants(cls, v: float, info) -> float:
+        # Without transplants the option would change nothing, silently.
+        if v < 1 and not info.data.get("transplant"):
+            raise ValueError(f"transplant_min_strength {v:g} scales transplanted defects, and data.transplant is 0: set "
+                             "data.transplant (e.g. 0.5, with mask_loss), or leave transplant_min_strength at 1")
+        return v
+
     @property
     def input_hw(self) -> tuple[int, int]:
         """The network input's (rows, columns)."""
