@@ -63,6 +63,24 @@ def test_data_starvation_above_20_percent_of_step_time():
     assert "30%" in found[0].message
 
 
+def test_a_slow_start_of_the_loader_is_not_starvation():
+    # session 31's recipe run: the first steps waited 2.5, 1.1 and 0.7 s of 6.0, 4.3 and 3.6 s
+    # while the loader's workers started and lifted their transplants, then ~1 % of 1.3 s
+    start = {"t": list(range(8)), "steps": [1] * 8, "step_time": [6.0, 4.3, 3.6] + [1.3] * 5,
+             "data_wait": [2.5, 1.1, 0.7] + [0.01] * 5}
+    assert F.data_starvation({("h1", 0): start}) == []
+    assert [f.rank for f in F.data_starvation({("h1", 0): start}, warmup_steps=0)] == [0]  # what it said before
+
+
+def test_starvation_after_the_start_is_found_from_running_totals():
+    # a window late in a run: its first interval is not the rank's start (steps_total says so)
+    late = {"t": [100, 101], "steps": [5, 5], "step_time": [1.0, 1.0], "data_wait": [0.5, 0.5],
+            "steps_total": [405, 410]}
+    assert [f.rank for f in F.data_starvation({("h1", 0): late})] == [0]
+    # the same two intervals as a rank's first ten steps are start-up
+    assert F.data_starvation({("h1", 0): {**late, "steps_total": [5, 10]}}) == []
+
+
 def gpu_series(utils, dt=1.0):
     return {"t": [i * dt for i in range(len(utils))], "util": list(utils)}
 

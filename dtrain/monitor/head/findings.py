@@ -13,6 +13,11 @@ from typing import Any, Iterable
 
 STRAGGLER_RATIO = 1.2  # a rank's median step time over the cluster median
 STARVATION_RATIO = 0.2  # data wait over step time
+# A rank's first steps wait for the loader to start: worker processes spawn and fill their
+# first-use caches (transplanted defects are lifted, shards fetched). That is start-up, not
+# a pipeline too slow for the model: judged on them, a 30-minute run whose data wait was 3 %
+# overall was told to add loader workers 10 s in (recipe runs of 4-step epochs, session 31).
+STARVATION_WARMUP_STEPS = 10
 IDLE_UTIL = 0.10  # GPU utilisation below this ...
 IDLE_SECONDS = 300.0  # ... for this long while the job runs
 WINDOW_S = 60.0
@@ -109,11 +114,13 @@ def stragglers(ranks: Series, start: float | None = None, ratio: float = STRAGGL
     return out
 
 
-def data_starvation(ranks: Series, start: float | None = None, ratio: float = STARVATION_RATIO) -> list[Finding]:
-    """Ranks that spend more than `ratio` of their step time waiting for data."""
+def data_starvation(ranks: Series, start: float | None = None, ratio: float = STARVATION_RATIO,
+                    warmup_steps: int = STARVATION_WARMUP_STEPS) -> list[Finding]:  # fmt: skip
+    """Ranks that spend more than `ratio` of their step time waiting for data, not counting
+    intervals that hold any of a rank's first `warmup_steps` steps."""
     out = []
     for (node, rank), s in sorted(ranks.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        idx = _window(s, start)
+        idx = [i for i in _window(s, start) if _steps_before(s, i) >= warmup_steps]
         step = sum(s["step_time"][i] * s["steps"][i] for i in idx)
         wait = sum((s["data_wait"][i] or 0.0) * s["steps"][i] for i in idx)
         if step > 0 and wait / step > ratio:
@@ -124,6 +131,15 @@ def data_starvation(ranks: Series, start: float | None = None, ratio: float = ST
                 s["t"][idx[-1]], node=node, rank=rank,
             ))  # fmt: skip
     return out
+
+
+def _steps_before(s: dict[str, list], i: int) -> int:
+    """Steps the rank had finished before interval i: from its running total where the
+    series carries one (the store's does), else counted from the series' own start."""
+    totals = s.get("steps_total")
+    if totals is not None and totals[i] is not None:
+        return totals[i] - s["steps"][i]
+    return sum(s["steps"][:i])
 
 
 def idle_gpus(gpus: Series, min_idle_s: float = IDLE_SECONDS, util: float = IDLE_UTIL) -> list[Finding]:
