@@ -157,6 +157,29 @@ def test_probe_times_a_real_training_step():
         B.probe({"arch": "no_such_net"}, 32, 3, precision="fp32", ranks=2, batch=4)
 
 
+def test_the_probe_steps_the_mask_head_where_the_run_trains_one(monkeypatch):
+    """With masks the probe times what the run does: the head's forward, its loss, its backward and its step."""
+    import torch
+
+    from dtrain.models import mask_head as MH
+
+    made, original = [], MH.with_mask_head
+
+    def recording(net, norm_layer=torch.nn.BatchNorm2d):
+        wrapped = original(net, norm_layer)
+        made.append((wrapped, [p.detach().clone() for p in wrapped.head.parameters()]))
+        return wrapped
+
+    monkeypatch.setattr(MH, "with_mask_head", recording)
+    cfg = {"arch": "small_resnet", "pool": "avgmax", "input_norm": "per_image", "stem_stride": 2}
+    B.probe(cfg, 64, 3, precision="fp32", ranks=1, batch=4, mask_head=True)
+    assert len(made) == 1
+    wrapped, before = made[0]
+    assert any(not torch.equal(a, b) for a, b in zip(before, wrapped.head.parameters()))  # trained, not just built
+    B.probe(cfg, 64, 3, precision="fp32", ranks=1, batch=4)
+    assert len(made) == 1  # without masks no head
+
+
 def test_stats_read_headers_through_the_hardened_decoder(tmp_path):
     from PIL import Image
 
