@@ -168,6 +168,26 @@ def test_a_node_whose_ranks_only_lost_their_peers_is_not_the_first_failure(tmp_p
     assert first_task_error(log) == "h1 (Exited with exit code 1)"
 
 
+def test_when_every_node_only_echoes_the_address_they_name_is_the_culprit(tmp_path):
+    """Seen once under load (session 31): h2's rank 2 was SIGKILLed, its sibling rank 3 then lost it
+    ("Connection reset by peer") as h1's ranks did, and srun reported h1 first. Both nodes show only
+    echoes; gloo names the peer it lost, and every echo names h2's address."""
+    tb = "[{n}:r{r}] [rank{r}]: Traceback (most recent call last):\n[{n}:r{r}] [rank{r}]: RuntimeError: {msg}\n"
+    log = tmp_path / "output.log"
+    log.write_text("[h2:r2] [W socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved.\n"
+                   + tb.format(n="h2", r=3, msg="[pair.cc:545] Read error [10.0.0.2]:37582: Connection reset by peer.")
+                   + tb.format(n="h1", r=0, msg="[pair.cc:561] Connection closed by peer [10.0.0.2]:44695.")
+                   + tb.format(n="h1", r=1, msg="[pair.cc:561] Connection closed by peer [10.0.0.2]:44697.")
+                   + "srun: error: h1: task 0: Exited with exit code 1\n"
+                   + "srun: error: h2: task 1: Exited with exit code 1\n")
+    assert first_task_error(log) == "h1 (Exited with exit code 1)"  # srun's order, without addresses
+    assert first_task_error(log, {"h1": "10.0.0.1", "h2": "10.0.0.2"}) == "h2 (Exited with exit code 1)"
+    # echoes that name several nodes, or an address of no node, leave srun's order
+    log.write_text(log.read_text().replace("[10.0.0.2]:44697", "[10.0.0.1]:44697"))
+    assert first_task_error(log, {"h1": "10.0.0.1", "h2": "10.0.0.2"}) == "h1 (Exited with exit code 1)"
+    assert first_task_error(log, {"h1": "10.0.0.7", "h2": "10.0.0.8"}) == "h1 (Exited with exit code 1)"
+
+
 def test_the_dry_run_prints_the_plans_batch_script_and_the_plan_round_trips(dtrain_home):
     out = io.StringIO()
     job = JobSpec(command=["python", "train.py"])

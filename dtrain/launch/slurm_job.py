@@ -316,7 +316,8 @@ def refresh(registry: JobRegistry, rec: JobRecord, client: SlurmClient | None = 
         if job.nodes:
             registry.update(rec.id, nodes=job.nodes)
         reason = job.describe()
-        if job.dtrain_state == JobState.FAILED and (culprit := first_task_error(Path(rec.dir) / "output.log")):
+        if job.dtrain_state == JobState.FAILED and (culprit := first_task_error(
+                Path(rec.dir) / "output.log", _addresses(client or SlurmClient(), job.nodes or rec.nodes))):
             reason += f"; first failure on {culprit}"
         registry.finish(rec.id, job.dtrain_state, job.exit_code, reason)
     elif job.dtrain_state == JobState.RUNNING:
@@ -332,9 +333,18 @@ def refresh(registry: JobRegistry, rec: JobRecord, client: SlurmClient | None = 
     return registry.get(rec.id)
 
 
-def first_task_error(log: Path) -> str:
+def _addresses(client: SlurmClient, nodes: list[str]) -> dict[str, str]:
+    """{node: the address Slurm reaches it at}; a node scontrol cannot show keeps its name."""
+    try:
+        return {n: client.node_address(n) for n in nodes}
+    except Exception:  # attribution is a courtesy: the job's end is recorded without it
+        return {}
+
+
+def first_task_error(log: Path, addresses: dict[str, str] | None = None) -> str:
     """'h2 (Exited with exit code 1)': the node whose task failed on its own, from srun's task
     errors in the job's output, or 'h2 (preflight: port: ...)' when the preflight step failed.
+    `addresses`: {node: address}, to follow peer-loss echoes to the node they name.
 
     srun reports tasks in the order they ended, and a node whose ranks only lost their peers
     (gloo's "Connection closed by peer") can end before the node that lost a rank; so, as for
@@ -356,7 +366,7 @@ def first_task_error(log: Path) -> str:
     for line in text.splitlines():
         if (m := PREFIXED.match(line)) and m.group("node") in ends:
             ends[m.group("node")].add(int(m.group("rank")), m.group("text"))
-    cause = root_cause(list(ends.values()))
+    cause = root_cause(list(ends.values()), addresses)
     return f"{cause.node} ({said[cause.node]})" if cause else ""
 
 

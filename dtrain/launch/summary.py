@@ -7,14 +7,18 @@ culprit: a node whose failing rank shows a peer-communication error is only a ro
 cause when no other node failed on its own. And that echo can be reported first: the
 head then stops the other nodes, the culprit among them; a node we were stopping whose
 torchrun still reports a rank that died of something else than our SIGTERM and than a
-peer's death failed on its own before the stop reached it.
+peer's death failed on its own before the stop reached it. When every failed node shows
+only echoes (a rank killed by a signal prints nothing, and its node's other ranks then
+lose it too), the echoes themselves point at the culprit: gloo names the peer it lost by
+address ("Connection closed by peer [10.0.0.2]:44695"), and where the caller knows the
+nodes' addresses, the one node they all name is the root cause.
 """
 
 from __future__ import annotations
 
 import re
 import signal
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 # torchrun's failure report: "rank      : 3 (local_rank: 1)" / "exitcode  : -9 (pid: 123)"
@@ -27,6 +31,8 @@ _PEER_ERROR = re.compile(
     r"Socket Timeout|RendezvousClosedError|RendezvousConnectionError|Signal 15 \(SIGTERM\) received",
     re.IGNORECASE,
 )
+# the peer gloo lost, as it names it: "... by peer [10.0.0.2]:44695", "Read error [10.0.0.2]:37582"
+_PEER_ADDRESS = re.compile(r"\[(\d{1,3}(?:\.\d{1,3}){3})\]:\d+")
 # a worker's line as torchrun prints it with dtrain's --log-line-prefix-template: "[h2:r3] text"
 PREFIXED = re.compile(r"^\[(?P<node>[^\]:]+):r(?P<rank>\d+)\] ?(?P<text>.*)$", re.DOTALL)
 TAIL = 12
@@ -73,6 +79,11 @@ class NodeEnd:
             lines = lines[starts[-1]:]
         return lines[-TAIL:]
 
+    def peers_named(self) -> list[str]:
+        """The addresses this node's ranks' peer errors name (one per mention)."""
+        return [m.group(1) for lines in self.rank_lines.values() for ln in list(lines)[-TAIL:]
+                if _PEER_ERROR.search(ln) for m in _PEER_ADDRESS.finditer(ln)]
+
     def peer_error(self) -> bool:
         rank, _ = self.failed_rank()
         said = any(_PEER_ERROR.search(ln) for ln in self.tail(rank))
@@ -114,7 +125,8 @@ def _signal_name(code: int | None) -> str:
         return ""
 
 
-def root_cause(ends: list[NodeEnd]) -> RootCause | None:
+def root_cause(ends: list[NodeEnd], addresses: dict[str, str] | None = None) -> RootCause | None:
+    """`addresses`: {node: the address its ranks talk from}, to follow echoes to the node they name."""
     failed = [e for e in ends if e.exit_code not in (0, None) and not e.stopped_by_us]
     if not failed:
         return None
@@ -122,8 +134,21 @@ def root_cause(ends: list[NodeEnd]) -> RootCause | None:
         failed += [e for e in ends if e.stopped_by_us and e.exit_code not in (0, None) and _failed_on_its_own(e)]
     # Lost connections and own failures before peer-error echoes; then by time.
     first = min(failed, key=lambda e: (_echo(e), e.ended_at or 0.0))
+    if _echo(first) and addresses:
+        first = _named_by_echoes(failed, addresses) or first
     rank, rank_code = first.failed_rank()
     return RootCause(first.name, rank, first.exit_code, rank_code, first.tail(rank), first.connection_lost)
+
+
+def _named_by_echoes(failed: list[NodeEnd], addresses: dict[str, str]) -> NodeEnd | None:
+    """The one failed node whose address every echo that names one names (its ranks lost a
+    peer there, as did the others'), else None."""
+    node_at = {addr: node for node, addr in addresses.items()}
+    named = Counter(node_at.get(a) for e in failed for a in e.peers_named())
+    if len(named) != 1 or None in named:  # none, several, or an address of no node: srun's order stands
+        return None
+    culprit = next(iter(named))
+    return next((e for e in failed if e.name == culprit), None)
 
 
 def _echo(e: NodeEnd) -> bool:
