@@ -146,24 +146,20 @@ class Recipe:
 
 def recipe_config(
     opts: QuickstartOptions, data_dir: Path, output_dir: Path, stream: TextIO,
-    seconds_per_image: Callable[[int], float] | None = None, seconds_per_view: Callable[[int], float] | None = None,
-    started: float | None = None,
+    seconds_per_image: Callable[[int], float] | None = None,
 ) -> Recipe:
     """The recipe for the user's images. `seconds_per_image(side)`: the training cost per image
     seen at an input of that side (a rectangle's shorter one, data.image_width); default: a
-    timed probe of this machine at the data's input (recipe/budget.py). `seconds_per_view(side)`:
-    the scoring cost per image and view; default: timed with it, or a third of a given training
-    cost. `started`: time.perf_counter() when the budget's clock started (default: now)."""
+    timed probe of this machine at the data's input (recipe/budget.py)."""
     from dtrain.data.config import DataConfig
     from dtrain.recipe import budget
     from dtrain.recipe.decide import (
-        FORWARD_COST, Decision, as_config, aspect, epoch_cap, inference_views, input_side, lend_test_images, max_epochs,
-        network, notes, plan, time_budget, width_for,
+        Decision, as_config, aspect, epoch_cap, inference_views, input_side, lend_test_images, max_epochs, network,
+        notes, plan, time_budget, width_for,
     )
     from dtrain.recipe.folds import plan_folds
     from dtrain.recipe.stats import describe_layout, detect_layout, gather
 
-    started = time.perf_counter() if started is None else started
     layout = detect_layout(data_dir)
     data = DataConfig(root=str(data_dir), **layout)
     stats = gather(data)
@@ -186,46 +182,26 @@ def recipe_config(
         cols = None if ratio is None else (lambda side: width_for(ratio, side))
         shape = f"{wanted.value} px" if cols is None else f"{wanted.value} x {cols(wanted.value)} px"
         print(f"recipe: timing a few training steps at {shape} for the budget", file=stream)
-        model_cfg = as_config(network(wanted.value, wanted.value))["model"]
-        measured = budget.probe(model_cfg, wanted.value, len(stats.classes), opts.precision,
-                                ranks=opts.nproc or default_nproc(), width=cols and cols(wanted.value),
+        measured = budget.probe(as_config(network(wanted.value, wanted.value))["model"], wanted.value, len(stats.classes),
+                                opts.precision, ranks=opts.nproc or default_nproc(), width=cols and cols(wanted.value),
                                 mask_head=bool(stats.masked_defects))
         seconds_per_image = budget.scaled(measured, wanted.value, cols)
-        if seconds_per_view is None:
-            view = budget.probe_scoring(model_cfg, wanted.value, len(stats.classes), width=cols and cols(wanted.value))
-            seconds_per_view = budget.scaled(view, wanted.value, cols)
-    if seconds_per_view is None:  # a caller's own training cost: a forward pass at its precision
-        given = seconds_per_image
-        seconds_per_view = lambda side: FORWARD_COST * given(side)  # noqa: E731
     # A small set is capped at epoch_cap passes: the budget then buys pixels, not repeats. Sized
     # on the training split: under k-fold the final run's train + val is larger, never smaller.
     cap = epoch_cap(stats)
     needed = budget.images_needed(stats.n_train, cap)
-    budget_s = opts.budget_minutes * 60
-
-    def scoring(kfold: bool) -> tuple[Decision, float]:
-        """The views and the seconds reserved outside the runs: spent so far, the report, and
-        scoring after training: the test split (taken as large as validation), and validation or,
-        under k-fold, every labelled image out of fold. Priced at the data's side, the most any
-        run trains at, so a side the budget then shrinks leaves the views within what was kept."""
-        n_scored = stats.n_val + (stats.n_train + stats.n_val if kfold else stats.n_val)
-        views = inference_views(n_scored, seconds_per_view(wanted.value), budget_s, square=ratio is None)
-        spent = time.perf_counter() - started
-        return views, spent + budget.REPORT_S + n_scored * views.value * seconds_per_view(wanted.value)
-
     if opts.folds is None:
-        views, reserved = scoring(kfold=bool(folds.k))
-        k, fit, why_k = budget.fit_folds(wanted, folds.k, budget_s, seconds_per_image, needed, reserved)
-        if folds.k and not k:  # refused: no out-of-fold images to score, so more time for the one run
-            views, reserved = scoring(kfold=False)
-            fit = budget.fit_budget(wanted, 1, budget_s, seconds_per_image, needed, reserved)
+        k, fit, why_k = budget.fit_folds(wanted, folds.k, opts.budget_minutes * 60, seconds_per_image, needed)
     else:  # the command line wins, said so
         k, why_k = opts.folds, f"; --folds {opts.folds} overrides the recipe's {folds.k}"
-        views, reserved = scoring(kfold=bool(k))
-        fit = budget.fit_budget(wanted, k + 1 if k else 1, budget_s, seconds_per_image, needed, reserved)
+        fit = budget.fit_budget(wanted, k + 1 if k else 1, opts.budget_minutes * 60, seconds_per_image, needed)
     n_final = stats.n_train + stats.n_val if k else stats.n_train
     decisions = ([lent] if lent else []) + plan(stats, fit.side, fit.images_seen, fit.reason, n_final, kfold=bool(k))
-    decisions.append(views)
+    # Scored after training: the test split (taken as large as validation), and validation or,
+    # under k-fold, every labelled image out of fold.
+    n_scored = stats.n_val + (stats.n_train + stats.n_val if k else stats.n_val)
+    decisions.append(inference_views(n_scored, seconds_per_image(fit.side.value), opts.budget_minutes * 60,
+                                     square=ratio is None))
     if opts.epochs:  # the command line wins; said so, like every other decision
         decisions = [d for d in decisions if d.field != "epochs"] + [Decision("epochs", opts.epochs, "--epochs")]
     else:  # asked-for epochs are not cut by the clock
@@ -327,7 +303,7 @@ def _run(opts: QuickstartOptions, workdir: Path, options: dict[str, Any], state:
             print(f"recipe: as decided by the unfinished run ({len(recipe.decisions)} decisions in {workdir / 'train.yaml'})",
                   file=stream)
         else:
-            recipe = recipe_config(opts, data_dir, train_dir, stream, started=t0)
+            recipe = recipe_config(opts, data_dir, train_dir, stream)
         cfg_dict = recipe.cfg
     if state is None:
         state = resume.RunState(options, resume.fingerprint(recipe.data) if recipe is not None else "",

@@ -337,35 +337,3 @@ def test_an_mvtec_category_lends_test_images_to_train_so_the_classifier_sees_def
     again = recipe_config(QuickstartOptions(data=base, folds=0), base, tmp_path / "train2", io.StringIO(),
                           seconds_per_image=lambda side: 1e-5)
     assert "mvtec_train_fraction" not in again.cfg["data"]
-
-
-def test_the_budget_reserves_time_spent_and_scoring_before_it_shares_out_training(synth_data, tmp_path):
-    """The run's training share is what is left of the budget after the time already spent (data read,
-    probe), the report, and scoring on every view at the view cost the scoring probe measured."""
-    import io
-    import time
-
-    from dtrain.quickstart import QuickstartOptions, recipe_config
-    from dtrain.recipe import budget as B
-    from dtrain.recipe.stats import gather
-
-    def decided(view_cost: float, spent: float) -> dict:
-        recipe = recipe_config(QuickstartOptions(data=synth_data, folds=0), synth_data, tmp_path / "train", io.StringIO(),
-                               seconds_per_image=lambda side: 1e-5, seconds_per_view=lambda side: view_cost,
-                               started=time.perf_counter() - spent)
-        return {d["field"]: d for d in recipe.decisions}
-
-    n_scored = 2 * gather(synth_data_config(synth_data)).n_val  # validation and test (taken as large)
-    quick, slow = decided(0.01, 0.0), decided(0.05, 100.0)
-    assert quick["model.views"]["value"] == slow["model.views"]["value"] == 8
-    for got, spent, cost in ((quick, 0.0, 0.01), (slow, 100.0, 0.05)):
-        reserved = spent + B.REPORT_S + n_scored * 8 * cost
-        assert got["time_budget_s"]["value"] == pytest.approx((1800 - reserved) * B.TRAIN_SHARE - B.RUN_OVERHEAD_S, abs=10)
-    assert f"~{n_scored * 8 * 0.05:.0f} s" in slow["model.views"]["reason"]  # the views' cost is the measured one
-
-
-def synth_data_config(root):
-    from dtrain.data.config import DataConfig
-    from dtrain.recipe.stats import detect_layout
-
-    return DataConfig(root=str(root), **detect_layout(root))

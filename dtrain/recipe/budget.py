@@ -8,12 +8,8 @@ precision. The probe leaves out the data pipeline, the all-reduce and validation
 run also gets its share as TrainConfig.time_budget_s and fits its epochs to its own pace. A convolutional network's cost per image grows with its pixels, so
 the cost at another side is the probe's times (side / probe side)^2.
 
-Rule: what the budget leaves for training is split evenly over the runs (k fold models + the
-final one, or the one run). That is TRAIN_SHARE of the budget less what is reserved outside
-the runs (`reserved_s`): the time already spent reading the data and probing, and the
-scoring after training (validation, test, out-of-fold images on every view the recipe
-takes), timed by its own probe (`probe_scoring`); each run pays RUN_OVERHEAD_S on top. The
-input side is the largest multiple of 32, at most
+Rule: the training share of the budget is split evenly over the runs (k fold models +
+the final one, or the one run); the input side is the largest multiple of 32, at most
 the data's choice and at least a quarter of the native side (below that a defect a few
 pixels wide at native resolution is gone; and at least 128 px with a strided stem,
 decide.stem), at which each run still sees
@@ -41,14 +37,9 @@ from dataclasses import dataclass
 from dtrain.recipe.decide import BUDGET_IMAGES, MAX_EPOCHS, MIN_SIDE, SIDE_STEP, Decision, stem
 from dtrain.recipe.folds import MIN_FOLDS
 
-# Of the budget less what is reserved outside the runs (time spent, predicted scoring),
-# what training gets: the rest is slack for the report and a machine whose pace moves.
-# It was 0.75 of the whole budget, reserved or not: a types-only run (180 images scored,
-# ~30 s) then ended at 22 of its 30 minutes, and a plant run (1200 images on 8 views,
-# ~210 s) at 25 (session 31).
-TRAIN_SHARE = 0.95
-# Reserved for writing the report and its plots once scoring is done (~10 s measured).
-REPORT_S = 15.0
+# Of the budget, what training gets: the rest pays each run's start-up (processes,
+# imports, decoding the cache), predicting held-out folds and the test split, the report.
+TRAIN_SHARE = 0.75
 # Per launched run, on top: process start, imports and DDP rendezvous (~25 s on the loaded
 # 2-core machine), and each rank's decode-once cache (~2 400 PNGs of 256-512 px: ~30 s).
 RUN_OVERHEAD_S = 60.0
@@ -81,19 +72,18 @@ def _floor_side(wanted: int) -> int:
     return min(max(MIN_SIDE * stride, math.ceil(quarter / SIDE_STEP) * SIDE_STEP), wanted)
 
 
-def _per_run(budget_s: float, runs: int, reserved_s: float = 0.0) -> float:
-    return max((budget_s - reserved_s) * TRAIN_SHARE / runs - RUN_OVERHEAD_S, 0.0)
+def _per_run(budget_s: float, runs: int) -> float:
+    return max(budget_s * TRAIN_SHARE / runs - RUN_OVERHEAD_S, 0.0)
 
 
-def _minutes_for(per_run_s: float, runs: int, reserved_s: float = 0.0) -> int:
+def _minutes_for(per_run_s: float, runs: int) -> int:
     """The whole minutes whose _per_run is at least `per_run_s` (its inverse, rounded up)."""
-    return math.ceil(((per_run_s + RUN_OVERHEAD_S) * runs / TRAIN_SHARE + reserved_s) / 60)
+    return math.ceil((per_run_s + RUN_OVERHEAD_S) * runs / TRAIN_SHARE / 60)
 
 
-def _plan(budget_s: float, runs: int, per_run: float, cost: float, side: int, reserved_s: float) -> str:
-    kept = f", less {reserved_s:.0f} s reserved (data read, probe, scoring)" if reserved_s else ""
-    return (f"{budget_s / 60:.0f} min budget{kept}, {TRAIN_SHARE:.0%} for training over {runs} run(s): "
-            f"{per_run:.0f} s each; {cost * 1000:.1f} ms per image at {side} px")
+def _plan(budget_s: float, runs: int, per_run: float, cost: float, side: int) -> str:
+    return (f"{budget_s / 60:.0f} min budget, {TRAIN_SHARE:.0%} for training over {runs} run(s): {per_run:.0f} s each; "
+            f"{cost * 1000:.1f} ms per image at {side} px")
 
 
 def images_needed(n_train: int, cap: int = MAX_EPOCHS) -> int:
@@ -104,11 +94,11 @@ def images_needed(n_train: int, cap: int = MAX_EPOCHS) -> int:
 
 def fit_budget(
     wanted: Decision, runs: int, budget_s: float, seconds_per_image: Callable[[int], float],
-    needed: int = BUDGET_IMAGES, reserved_s: float = 0.0,
+    needed: int = BUDGET_IMAGES,
 ) -> Fit:
     """`wanted`: the data's input side decision; `seconds_per_image(side)`: training cost per image seen;
-    `needed`: images_needed for the run's training set; `reserved_s`: the budget's seconds outside the runs."""
-    per_run = _per_run(budget_s, runs, reserved_s)
+    `needed`: images_needed for the run's training set."""
+    per_run = _per_run(budget_s, runs)
     floor = _floor_side(wanted.value)
     sides = [wanted.value] + list(range((wanted.value - 1) // SIDE_STEP * SIDE_STEP, floor - 1, -SIDE_STEP))
     afford = {s: int(per_run / seconds_per_image(s)) for s in sides}
@@ -119,7 +109,7 @@ def fit_budget(
                 f"{s} px is the largest side that affords {needed}")
             # The images seen stay the recipe's budget: decide.epochs caps a small set's passes itself.
             return Fit(Decision("data.image_size", s, why), BUDGET_IMAGES,
-                       _plan(budget_s, runs, per_run, seconds_per_image(s), s, reserved_s), None, per_run)
+                       _plan(budget_s, runs, per_run, seconds_per_image(s), s), None, per_run)
     images = max(afford[floor], 1)
     warning = (f"the {budget_s / 60:.0f} min budget affords only {images} images seen per run at {floor} px (the "
                f"smallest side that keeps small defects visible), under the {needed} a from-scratch model wants: "
@@ -129,30 +119,29 @@ def fit_budget(
     if floor == wanted.value:
         why = wanted.reason
     return Fit(Decision("data.image_size", floor, why), images,
-               _plan(budget_s, runs, per_run, seconds_per_image(floor), floor, reserved_s), warning, per_run)
+               _plan(budget_s, runs, per_run, seconds_per_image(floor), floor), warning, per_run)
 
 
 def fit_folds(
     wanted: Decision, k: int, budget_s: float, seconds_per_image: Callable[[int], float], needed: int = BUDGET_IMAGES,
-    reserved_s: float = 0.0,
 ) -> tuple[int, Fit, str]:
     """(k actually run, the budget's fit for its runs, what the budget did to k, in words).
 
     The fold runs keep the side one run would get: a better-founded threshold cannot
     rescue a model that saw the defects too small, or saw too few images."""
-    single = fit_budget(wanted, 1, budget_s, seconds_per_image, needed, reserved_s)
+    single = fit_budget(wanted, 1, budget_s, seconds_per_image, needed)
     if k == 0:
         return 0, single, ""
-    kept = _folds_kept(single, k, budget_s, seconds_per_image, needed, reserved_s)
+    kept = _folds_kept(single, k, budget_s, seconds_per_image, needed)
     if kept is not None:
         return kept
     side = single.side.value
-    auto = minutes_for_folds(wanted, seconds_per_image, needed, reserved_s)
+    auto = minutes_for_folds(wanted, seconds_per_image, needed)
     hint = f"--budget-minutes {auto} would afford {MIN_FOLDS} folds here"
-    then = fit_budget(wanted, 1, auto * 60, seconds_per_image, needed, reserved_s).side.value
+    then = fit_budget(wanted, 1, auto * 60, seconds_per_image, needed).side.value
     if then > side:  # a larger budget first raises one run's side, and the folds must afford it: say so
         hint += f", at {then} px, the side one run gets by then"
-        alt = minutes_for_side(wanted, side, MIN_FOLDS + 1, seconds_per_image, needed, reserved_s)
+        alt = minutes_for_side(wanted, side, MIN_FOLDS + 1, seconds_per_image, needed)
         if alt < auto:
             hint += f"; --folds {MIN_FOLDS} --budget-minutes {alt} runs them at {side} px, each seeing {needed} images"
     return 0, single, (
@@ -163,7 +152,6 @@ def fit_folds(
 
 def _folds_kept(
     single: Fit, k: int, budget_s: float, seconds_per_image: Callable[[int], float], needed: int,
-    reserved_s: float = 0.0,
 ) -> tuple[int, Fit, str] | None:
     """The most folds, k down to MIN_FOLDS, whose runs each see KFOLD_MIN_SHARE of `needed` images at one
     run's side; None: none do."""
@@ -171,18 +159,17 @@ def _folds_kept(
     cost = seconds_per_image(side)
     enough = int(needed * KFOLD_MIN_SHARE)
     for j in range(k, MIN_FOLDS - 1, -1):
-        per_run = _per_run(budget_s, j + 1, reserved_s)
+        per_run = _per_run(budget_s, j + 1)
         images = min(single.images_seen, int(per_run / cost))
         if images >= enough:
             lowered = "" if j == k else (f"; lowered from {k} to {j} folds so that each of the {j + 1} runs sees "
                                          f"{enough}+ images at {side} px in the budget")
-            fit = Fit(single.side, images, _plan(budget_s, j + 1, per_run, cost, side, reserved_s), single.warning, per_run)
+            fit = Fit(single.side, images, _plan(budget_s, j + 1, per_run, cost, side), single.warning, per_run)
             return j, fit, lowered
     return None
 
 
-def minutes_for_folds(wanted: Decision, seconds_per_image: Callable[[int], float], needed: int = BUDGET_IMAGES,
-                      reserved_s: float = 0.0) -> int:
+def minutes_for_folds(wanted: Decision, seconds_per_image: Callable[[int], float], needed: int = BUDGET_IMAGES) -> int:
     """The smallest whole-minute budget at which fit_folds keeps MIN_FOLDS folds, even if the
     next run's probe measures up to PROBE_SLACK slower.
 
@@ -196,12 +183,12 @@ def minutes_for_folds(wanted: Decision, seconds_per_image: Callable[[int], float
     def keeps(minutes: int) -> bool:
         def kept(f: float) -> bool:
             cost = lambda side: f * seconds_per_image(side)  # noqa: E731
-            fit = fit_budget(wanted, 1, minutes * 60, cost, needed, reserved_s)
-            return _folds_kept(fit, MIN_FOLDS, minutes * 60, cost, needed, reserved_s) is not None
+            fit = fit_budget(wanted, 1, minutes * 60, cost, needed)
+            return _folds_kept(fit, MIN_FOLDS, minutes * 60, cost, needed) is not None
         return all(kept(f) for f in factors)
 
     for side in sides:
-        minutes = _minutes_for(enough * seconds_per_image(side) * factors[-1], MIN_FOLDS + 1, reserved_s)
+        minutes = _minutes_for(enough * seconds_per_image(side) * factors[-1], MIN_FOLDS + 1)
         if keeps(minutes):
             return minutes
     while not keeps(minutes):  # at the data's own side the need above holds but for rounding
@@ -211,7 +198,6 @@ def minutes_for_folds(wanted: Decision, seconds_per_image: Callable[[int], float
 
 def minutes_for_side(
     wanted: Decision, side: int, runs: int, seconds_per_image: Callable[[int], float], needed: int = BUDGET_IMAGES,
-    reserved_s: float = 0.0,
 ) -> int:
     """The smallest whole-minute budget at which fit_budget gives each of `runs` runs `side` px or more
     (what `--folds K` asks of it), even if the next run's probe measures up to PROBE_SLACK slower.
@@ -220,10 +206,10 @@ def minutes_for_side(
     run's side has grown to the data's own; a user who would rather have the folds at today's
     side needs far less, and is told both."""
     cost = lambda s: (1 + PROBE_SLACK) * seconds_per_image(s)  # noqa: E731 (slower costs only raise the need)
-    minutes = _minutes_for(needed * cost(side), runs, reserved_s)
+    minutes = _minutes_for(needed * cost(side), runs)
 
     def enough(m: int) -> bool:  # at the floor fit_budget keeps the side but cuts the images, with a warning
-        fit = fit_budget(wanted, runs, m * 60, cost, needed, reserved_s)
+        fit = fit_budget(wanted, runs, m * 60, cost, needed)
         return fit.side.value >= side and fit.warning is None
 
     while not enough(minutes):  # rounding at the edge
@@ -338,38 +324,6 @@ def _timed_steps(model_cfg: dict, side: int, n_classes: int, precision: str, bat
         return (time.perf_counter() - t0) / (PROBE_STEPS * batch)
     finally:
         torch.set_num_threads(before)
-
-
-def probe_scoring(model_cfg: dict, side: int, n_classes: int, width: int | None = None) -> float:
-    """Seconds per image and view that scoring takes after training (validation, test, out-of-fold
-    images) at `side` px: as dtrain.evaluation.predict runs it, in this process on all its
-    threads, in fp32 (evaluation uses no autocast), gradient-free, channels-last.
-
-    Timed rather than taken as a third of a training image's cost: on a CPU with bf16 units
-    training runs bf16 and scoring fp32. At 320 px (Xeon with AMX, session 31) the training
-    probe read 14.1 ms per image and this one 8.9 ms per view (evaluation: 10.4 ms, decoding
-    included), not the 4.7 ms a third would say: the recipe had promised the plant set's
-    scoring in 43 s and spent 210 (then in passes of 2048 pictures; evaluation/predict.py now
-    slices them as this probe's batch does)."""
-    import torch
-
-    from dtrain.models import ModelConfig, build_model
-
-    batch = probe_batch(side, width)
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = build_model(ModelConfig(**{**model_cfg, "views": 1}), n_classes).eval()
-    model = model.to(dev).to(memory_format=torch.channels_last)
-    x = torch.randn(batch, 3, side, width or side, device=dev).contiguous(memory_format=torch.channels_last)
-    with torch.no_grad():
-        for i in range(PROBE_WARMUP + PROBE_STEPS):
-            if i == PROBE_WARMUP:
-                if dev.type == "cuda":
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-            model(x)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / (PROBE_STEPS * batch)
 
 
 def scaled(measured: float, at: int, width: Callable[[int], int] | None = None) -> Callable[[int], float]:
