@@ -38,7 +38,7 @@ def int8_case(trained_checkpoint, synth_data, exported_model, tmp_path_factory):
 
     session = ort.InferenceSession(str(q_path), providers=["CPUExecutionProvider"])
     p_q = 1.0 - softmax64(session.run(None, {"images": val.images})[0])[:, neg]
-    p_ref = 1.0 - softmax64(reference_logits(Deployable(model, meta["mean"], meta["std"]).eval(), val.images))[:, neg]
+    p_ref = 1.0 - softmax64(reference_logits(Deployable(model, meta["mean"], meta["std"]).eval(), val.images, 1))[:, neg]
     is_defect = val.labels != neg
     n_def = int(is_defect.sum())
     assert np.abs(p_q - p_ref).max() > 0, "int8 reproduced fp32 exactly: not a quantised network"

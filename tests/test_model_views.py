@@ -103,6 +103,11 @@ def test_the_view_average_exports_like_the_network(tmp_path):
     _export_onnx(wrapped, images[:2], dynamic, tmp_path / "m.onnx")
     got = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"images": images.numpy()})[0]
     assert np.allclose(got, want, atol=1e-4)
+    # What inspect and serve run: the same network in passes of 2 parts (16 pictures) and 1.
+    from dtrain.serve.backends import get_backend
+
+    sliced = get_backend("ort-fp32").runner(tmp_path / "m.onnx", views=8)(images.numpy())
+    assert np.allclose(sliced, want, atol=1e-4)
     # int8: ORT's quantiser once failed on the average's reshape (symbolic shape inference);
     # the quantised graph keeps a free batch size.
     from dtrain.serve.quantize import quantize_int8

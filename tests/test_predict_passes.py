@@ -7,7 +7,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from dtrain.evaluation.predict import CPU_PASS, predict_split
+from dtrain.evaluation.predict import predict_split
+from dtrain.passes import CPU_PASS
 from dtrain.models.views import ViewAverage
 
 

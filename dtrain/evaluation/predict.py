@@ -10,14 +10,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from dtrain.models.views import ViewAverage
+from dtrain.passes import images_per_pass
 
-# Pictures per forward pass, counting each view of an image (models/views.py) as one. The
-# loader's batches are larger (256 images); scored at once, on 8 views, a batch of the plant
-# set's 320 px pictures made passes of 2048 and peaked at 16.9 GB of memory, and at 384 px
-# and more it would not fit a 24 GB machine. On a CPU small passes are also faster per
-# picture (the activations stay in cache): 14.7 ms a view at 16 vs 19-20 ms at 64-128
-# (384 px, Xeon with AMX, session 31). A GPU wants larger passes; 256 bounds its memory too.
-CPU_PASS, GPU_PASS = 16, 256
 
 
 @dataclass
@@ -92,7 +86,10 @@ def predict_split(
     )
     n = len(dataset)  # type: ignore[arg-type]
     views = next((m.n for m in model.modules() if isinstance(m, ViewAverage)), 1)
-    step = max(1, (GPU_PASS if device.type == "cuda" else CPU_PASS) // views)  # images per pass
+    # The loader's batches (256 images) are cut into passes of at most CPU_PASS / GPU_PASS
+    # pictures, views counted (dtrain/passes.py): on a CPU they are faster per picture there
+    # (14.7 ms a view at 16 vs 19-20 ms at 64-128, 384 px, Xeon with AMX, session 31).
+    step = images_per_pass(views, device.type == "cuda")
     chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for attempted, idx, images, labels in loader:
         if idx is not None:

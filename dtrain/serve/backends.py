@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from dtrain.errors import DtrainError
+from dtrain.passes import images_per_pass, in_passes
 
 Runner = Callable[[np.ndarray], np.ndarray]
 
@@ -44,6 +45,16 @@ class Backend(ABC):
 
     @abstractmethod
     def load(self, path: Path) -> Runner: ...
+
+    def on_gpu(self) -> bool:
+        """Whether the networks this backend loads run on a GPU here."""
+        return False
+
+    def runner(self, path: Path, views: int) -> Runner:
+        """The network at `path`, run on batches of any size in passes of at most
+        CPU_PASS / GPU_PASS pictures, each image's `views` counted (dtrain/passes.py): a
+        batch of 32 parts on 8 views was one pass of 256 pictures, 3.4 GB at 320 px."""
+        return in_passes(self.load(path), images_per_pass(views, self.on_gpu()))
 
 
 BACKENDS: dict[str, Backend] = {}
@@ -92,6 +103,9 @@ class _OnnxRuntime(Backend):
 
         return run
 
+    def on_gpu(self) -> bool:
+        return _ort_providers()[0] == "CUDAExecutionProvider"
+
 
 def _ort_providers() -> list[str]:
     import onnxruntime as ort
@@ -127,6 +141,11 @@ class _Torch(Backend):
 
         # An inspection PC may install dtrain[serve] without torch: then only the ONNX backends run.
         return "torch is not installed" if missing(["torch"]) else None
+
+    def on_gpu(self) -> bool:
+        import torch
+
+        return torch.cuda.is_available()
 
     def _module(self, path: Path):
         import torch

@@ -148,7 +148,7 @@ def recheck(folder: Path, card: ModelCard, images: np.ndarray, ref_logits: np.nd
         if reason:
             rows.append(BackendRow(backend=name, note=f"cannot run here: {reason}"))
             continue
-        run = backend.load(folder / network)
+        run = backend.runner(folder / network, card.views)
         own = card.threshold_for(name)
         agree = agreement(run(images), ref_logits, card.classes, card.negative_index, card.threshold, own)
         needed = before.sample_agreement if before is not None and before.sample_agreement is not None else PREFER_MIN_AGREEMENT

@@ -46,7 +46,7 @@ from dtrain.serve.choice import PREFER_MIN_AGREEMENT, BackendRow, MachineChoice,
 from dtrain.serve.given_threshold import GivenThreshold, from_number, from_report
 from dtrain.serve.machine import bf16_hardware, machine_kind
 from dtrain.serve.model_dir import ModelCard, Preprocessing, check_replaceable, publish, staging_dir, write_card
-from dtrain.serve.verify import ValData, backend_logits, describe_disagreement, load_val, reference_logits, verify_backend
+from dtrain.serve.verify import ValData, describe_disagreement, load_val, reference_logits, verify_backend
 
 Step = Callable[[str], None]
 
@@ -127,7 +127,8 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
     step("reading the validation split")
     val = load_val(opts.data, meta, choosing=given is None)
     wrapped = Deployable(model, meta["mean"], meta["std"]).eval()
-    ref = reference_logits(wrapped, val.images)
+    views = int(meta["config"]["model"].get("views", 1))
+    ref = reference_logits(wrapped, val.images, views)
     broken = _not_finite(ref)
     if broken:
         raise DtrainError(
@@ -174,8 +175,8 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
         for name in [n for n in candidates if B.get_backend(n).network in written]:
             step(f"verifying {name} on {len(val.images)} validation images")
             backend = B.get_backend(name)
-            run = backend.load(staged / backend.network)
-            logits = backend_logits(run, val.images)
+            run = backend.runner(staged / backend.network, views)
+            logits = run(val.images)
             broken = _not_finite(logits)
             if broken:
                 # A NaN would also become the backend's threshold and make model.json unreadable.
@@ -222,7 +223,7 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
             checkpoint=str(Path(opts.checkpoint).resolve()),
             preprocessing=Preprocessing(image_size=size[0], image_width=meta.get("image_width"), mean=list(meta["mean"]),
                                         std=list(meta["std"]), sample_bits=sample_bits(meta)),
-            views=int(meta["config"]["model"].get("views", 1)),
+            views=views,
             classes=classes,
             negative_class=negative,
             score=meta["score"],

@@ -69,7 +69,7 @@ class Predictor:
         reason = impl.unavailable_reason()
         if reason:
             raise DtrainError(f"backend {self.backend!r} cannot run here: {reason}", f"use one of {', '.join(self.card.backends)}")
-        self._run: Runner = impl.load(self.dir / self.card.backends[self.backend])
+        self._run: Runner = impl.runner(self.dir / self.card.backends[self.backend], self.card.views)
         self.image_size = self.card.preprocessing.image_size
         self.input_hw = self.card.preprocessing.input_hw  # (rows, columns) every image is prepared to
         self.sample_bits = self.card.preprocessing.sample_bits

@@ -20,9 +20,9 @@ import numpy as np
 
 from dtrain.data.decode import FULL_BITS
 from dtrain.errors import DtrainError
+from dtrain.passes import images_per_pass
 from dtrain.serve.model_dir import Verification
 
-REFERENCE_BATCH = 64
 DECODE_THREADS = 4
 NO_VAL_HINT = ("pass --data ROOT: a data set with the model's classes (its val split, e.g. the images given to "
                "`dtrain quickstart --data`), to verify the backends on")
@@ -88,20 +88,17 @@ def load_val(root: str | None, meta: dict[str, Any], *, choosing: bool = True) -
     return ValData(images=images, labels=labels, split=split, data_cfg=cfg, note=note)
 
 
-def reference_logits(wrapped, images: np.ndarray) -> np.ndarray:
-    """The checkpoint's own fp32 logits, the yardstick for every backend."""
+def reference_logits(wrapped, images: np.ndarray, views: int) -> np.ndarray:
+    """The checkpoint's own fp32 logits on the CPU, the yardstick for every backend; in
+    passes of at most CPU_PASS pictures, each image's `views` counted (dtrain/passes.py)."""
     import torch
 
+    step = images_per_pass(views, gpu=False)
     out = []
     with torch.inference_mode():
-        for i in range(0, len(images), REFERENCE_BATCH):
-            out.append(wrapped(torch.from_numpy(images[i : i + REFERENCE_BATCH])).float().numpy())
+        for i in range(0, len(images), step):
+            out.append(wrapped(torch.from_numpy(images[i : i + step])).float().numpy())
     return np.concatenate(out)
-
-
-def backend_logits(run, images: np.ndarray) -> np.ndarray:
-    """A backend's logits over `images`, in the reference's batches."""
-    return np.concatenate([run(images[i : i + REFERENCE_BATCH]) for i in range(0, len(images), REFERENCE_BATCH)])
 
 
 def verify_backend(logits: np.ndarray, val: ValData, ref_logits: np.ndarray, negative_index: int | None, threshold: float,
