@@ -163,6 +163,9 @@ def test_a_node_whose_ranks_only_lost_their_peers_is_not_the_first_failure(tmp_p
     log.write_text(peer.format(r=0) + own + "srun: error: h1: task 0: Exited with exit code 1\n"
                    "srun: error: h2: task 1: Exited with exit code 1\n")
     assert first_task_error(log) == "h2 (Exited with exit code 1)"
+    # a node failed on its own: the nodes' addresses are not looked up
+    looked: list[int] = []
+    assert first_task_error(log, lambda: looked.append(1) or {}) == "h2 (Exited with exit code 1)" and not looked
     # every node an echo (or none printed anything): srun's order decides
     log.write_text(peer.format(r=0) + "srun: error: h1: task 0: Exited with exit code 1\n")
     assert first_task_error(log) == "h1 (Exited with exit code 1)"
@@ -182,6 +185,8 @@ def test_when_every_node_only_echoes_the_address_they_name_is_the_culprit(tmp_pa
                    + "srun: error: h2: task 1: Exited with exit code 1\n")
     assert first_task_error(log) == "h1 (Exited with exit code 1)"  # srun's order, without addresses
     assert first_task_error(log, {"h1": "10.0.0.1", "h2": "10.0.0.2"}) == "h2 (Exited with exit code 1)"
+    # a lookup (scontrol, one call per node) instead of a table: the same answer
+    assert first_task_error(log, lambda: {"h1": "10.0.0.1", "h2": "10.0.0.2"}) == "h2 (Exited with exit code 1)"
     # echoes that name several nodes, or an address of no node, leave srun's order
     log.write_text(log.read_text().replace("[10.0.0.2]:44697", "[10.0.0.1]:44697"))
     assert first_task_error(log, {"h1": "10.0.0.1", "h2": "10.0.0.2"}) == "h1 (Exited with exit code 1)"

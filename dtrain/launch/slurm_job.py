@@ -12,6 +12,7 @@ passed in (`SlurmClient(run=...)`) so every call site names its side effect.
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
 import signal
@@ -30,7 +31,7 @@ from dtrain.launch.plan import LaunchPlan
 from dtrain.launch.slurm import TRAINING_STEP, SlurmCluster, SlurmFacts, SlurmSpec, parse_version, secret_names
 from dtrain.launch.slurm_check import FAILED
 from dtrain.launch.spec import JobSpec
-from dtrain.launch.summary import PREFIXED, NodeEnd, root_cause
+from dtrain.launch.summary import PREFIXED, Addresses, NodeEnd, root_cause
 from dtrain.launch.supervisor import spawn, write_job_file
 from dtrain.paths import job_dir
 from dtrain.signals import raising
@@ -316,8 +317,9 @@ def refresh(registry: JobRegistry, rec: JobRecord, client: SlurmClient | None = 
         if job.nodes:
             registry.update(rec.id, nodes=job.nodes)
         reason = job.describe()
-        if job.dtrain_state == JobState.FAILED and (culprit := first_task_error(
-                Path(rec.dir) / "output.log", _addresses(client or SlurmClient(), job.nodes or rec.nodes))):
+        # The nodes' addresses are looked up only if every failed node merely echoes a lost peer.
+        lookup = functools.partial(_addresses, client or SlurmClient(), job.nodes or rec.nodes)
+        if job.dtrain_state == JobState.FAILED and (culprit := first_task_error(Path(rec.dir) / "output.log", lookup)):
             reason += f"; first failure on {culprit}"
         registry.finish(rec.id, job.dtrain_state, job.exit_code, reason)
     elif job.dtrain_state == JobState.RUNNING:
@@ -341,10 +343,11 @@ def _addresses(client: SlurmClient, nodes: list[str]) -> dict[str, str]:
         return {}
 
 
-def first_task_error(log: Path, addresses: dict[str, str] | None = None) -> str:
+def first_task_error(log: Path, addresses: Addresses | None = None) -> str:
     """'h2 (Exited with exit code 1)': the node whose task failed on its own, from srun's task
     errors in the job's output, or 'h2 (preflight: port: ...)' when the preflight step failed.
-    `addresses`: {node: address}, to follow peer-loss echoes to the node they name.
+    `addresses`: {node: address} (or a function looking them up, called only when needed), to
+    follow peer-loss echoes to the node they name.
 
     srun reports tasks in the order they ended, and a node whose ranks only lost their peers
     (gloo's "Connection closed by peer") can end before the node that lost a rank; so, as for

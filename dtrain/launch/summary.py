@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 import signal
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # torchrun's failure report: "rank      : 3 (local_rank: 1)" / "exitcode  : -9 (pid: 123)"
@@ -125,8 +126,13 @@ def _signal_name(code: int | None) -> str:
         return ""
 
 
-def root_cause(ends: list[NodeEnd], addresses: dict[str, str] | None = None) -> RootCause | None:
-    """`addresses`: {node: the address its ranks talk from}, to follow echoes to the node they name."""
+# {node: address}, or a function that looks the addresses up (one scontrol call per node).
+Addresses = dict[str, str] | Callable[[], dict[str, str]]
+
+
+def root_cause(ends: list[NodeEnd], addresses: Addresses | None = None) -> RootCause | None:
+    """`addresses`: {node: the address its ranks talk from}, to follow echoes to the node they
+    name; or a function that looks them up, called only when every failed node echoes."""
     failed = [e for e in ends if e.exit_code not in (0, None) and not e.stopped_by_us]
     if not failed:
         return None
@@ -135,7 +141,8 @@ def root_cause(ends: list[NodeEnd], addresses: dict[str, str] | None = None) -> 
     # Lost connections and own failures before peer-error echoes; then by time.
     first = min(failed, key=lambda e: (_echo(e), e.ended_at or 0.0))
     if _echo(first) and addresses:
-        first = _named_by_echoes(failed, addresses) or first
+        table = addresses() if callable(addresses) else addresses
+        first = _named_by_echoes(failed, table) or first
     rank, rank_code = first.failed_rank()
     return RootCause(first.name, rank, first.exit_code, rank_code, first.tail(rank), first.connection_lost)
 
