@@ -146,16 +146,18 @@ class Recipe:
 
 def recipe_config(
     opts: QuickstartOptions, data_dir: Path, output_dir: Path, stream: TextIO,
-    seconds_per_image: Callable[[int], float] | None = None,
+    seconds_per_image: Callable[[int], float] | None = None, seconds_per_view: Callable[[int], float] | None = None,
 ) -> Recipe:
     """The recipe for the user's images. `seconds_per_image(side)`: the training cost per image
     seen at an input of that side (a rectangle's shorter one, data.image_width); default: a
-    timed probe of this machine at the data's input (recipe/budget.py)."""
+    timed probe of this machine at the data's input (recipe/budget.py). `seconds_per_view(side)`:
+    the scoring cost per image and view; default: timed with it, or a third of a given training
+    cost."""
     from dtrain.data.config import DataConfig
     from dtrain.recipe import budget
     from dtrain.recipe.decide import (
-        Decision, as_config, aspect, epoch_cap, inference_views, input_side, lend_test_images, max_epochs, network,
-        notes, plan, time_budget, width_for,
+        FORWARD_COST, Decision, as_config, aspect, epoch_cap, inference_views, input_side, lend_test_images, max_epochs,
+        network, notes, plan, time_budget, width_for,
     )
     from dtrain.recipe.folds import plan_folds
     from dtrain.recipe.stats import describe_layout, detect_layout, gather
@@ -182,10 +184,17 @@ def recipe_config(
         cols = None if ratio is None else (lambda side: width_for(ratio, side))
         shape = f"{wanted.value} px" if cols is None else f"{wanted.value} x {cols(wanted.value)} px"
         print(f"recipe: timing a few training steps at {shape} for the budget", file=stream)
-        measured = budget.probe(as_config(network(wanted.value, wanted.value))["model"], wanted.value, len(stats.classes),
-                                opts.precision, ranks=opts.nproc or default_nproc(), width=cols and cols(wanted.value),
+        model_cfg = as_config(network(wanted.value, wanted.value))["model"]
+        measured = budget.probe(model_cfg, wanted.value, len(stats.classes), opts.precision,
+                                ranks=opts.nproc or default_nproc(), width=cols and cols(wanted.value),
                                 mask_head=bool(stats.masked_defects))
         seconds_per_image = budget.scaled(measured, wanted.value, cols)
+        if seconds_per_view is None:
+            view = budget.probe_scoring(model_cfg, wanted.value, len(stats.classes), width=cols and cols(wanted.value))
+            seconds_per_view = budget.scaled(view, wanted.value, cols)
+    if seconds_per_view is None:  # a caller's own training cost: a forward pass at its precision
+        given = seconds_per_image
+        seconds_per_view = lambda side: FORWARD_COST * given(side)  # noqa: E731
     # A small set is capped at epoch_cap passes: the budget then buys pixels, not repeats. Sized
     # on the training split: under k-fold the final run's train + val is larger, never smaller.
     cap = epoch_cap(stats)
@@ -200,7 +209,7 @@ def recipe_config(
     # Scored after training: the test split (taken as large as validation), and validation or,
     # under k-fold, every labelled image out of fold.
     n_scored = stats.n_val + (stats.n_train + stats.n_val if k else stats.n_val)
-    decisions.append(inference_views(n_scored, seconds_per_image(fit.side.value), opts.budget_minutes * 60,
+    decisions.append(inference_views(n_scored, seconds_per_view(fit.side.value), opts.budget_minutes * 60,
                                      square=ratio is None))
     if opts.epochs:  # the command line wins; said so, like every other decision
         decisions = [d for d in decisions if d.field != "epochs"] + [Decision("epochs", opts.epochs, "--epochs")]

@@ -337,3 +337,35 @@ def test_an_mvtec_category_lends_test_images_to_train_so_the_classifier_sees_def
     again = recipe_config(QuickstartOptions(data=base, folds=0), base, tmp_path / "train2", io.StringIO(),
                           seconds_per_image=lambda side: 1e-5)
     assert "mvtec_train_fraction" not in again.cfg["data"]
+
+
+def test_the_views_are_priced_at_the_scoring_cost_or_a_third_of_a_given_training_cost(synth_data, tmp_path):
+    """The views' reason states what scoring will take: at the measured cost per view
+    (budget.probe_scoring, fp32, where training may run bf16), and where a caller gives only a
+    training cost, at a third of it (a forward pass at the training's precision)."""
+    import io
+
+    from dtrain.data.config import DataConfig
+    from dtrain.quickstart import QuickstartOptions, recipe_config
+    from dtrain.recipe.stats import detect_layout, gather
+
+    def views(**costs) -> dict:
+        recipe = recipe_config(QuickstartOptions(data=synth_data, folds=0), synth_data, tmp_path / "train", io.StringIO(),
+                               seconds_per_image=lambda side: 3e-3, **costs)
+        return next(d for d in recipe.decisions if d["field"] == "model.views")
+
+    n_scored = 2 * gather(DataConfig(root=str(synth_data), **detect_layout(synth_data))).n_val  # validation + test
+    measured = views(seconds_per_view=lambda side: 0.02)
+    assert measured["value"] == 8 and f"~{n_scored * 8 * 0.02:.0f} s" in measured["reason"]
+    assert f"~{n_scored * 8 * 1e-3:.0f} s" in views()["reason"]
+
+
+def test_the_scoring_probe_times_a_gradient_free_fp32_pass():
+    import torch
+
+    from dtrain.recipe import budget
+
+    cfg = {"arch": "small_resnet", "input_norm": "per_image", "pool": "avgmax"}
+    grad, dtype = torch.is_grad_enabled(), torch.get_default_dtype()
+    assert 0 < budget.probe_scoring(cfg, 32, 3) < 1.0
+    assert torch.is_grad_enabled() == grad and torch.get_default_dtype() == dtype  # nothing left changed

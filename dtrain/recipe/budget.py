@@ -277,6 +277,38 @@ def probe(model_cfg: dict, side: int, n_classes: int, precision: str = "auto", r
     return max(costs) / ranks
 
 
+def probe_scoring(model_cfg: dict, side: int, n_classes: int, width: int | None = None) -> float:
+    """Seconds per image and view that scoring takes after training (validation, test, out-of-fold
+    images) at `side` px: as dtrain.evaluation.predict runs it, in this process on all its
+    threads, in fp32 (evaluation uses no autocast), gradient-free, channels-last, in passes of
+    about CPU_PASS pictures (probe_batch: 16 up to 320 px).
+
+    Timed rather than taken as a third of a training image's cost: on a CPU with bf16 units
+    training runs bf16 and scoring fp32. At 320 px (Xeon with AMX, session 31) the training
+    probe read 14.1 ms per image and this one 8.9 ms per view (evaluation: 10.4 ms, decoding
+    included), not the 4.7 ms a third says: the recipe printed ~43 s for the plant set's
+    scoring, which took 100-125 s."""
+    import torch
+
+    from dtrain.models import ModelConfig, build_model
+
+    batch = probe_batch(side, width)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = build_model(ModelConfig(**{**model_cfg, "views": 1}), n_classes).eval()
+    model = model.to(dev).to(memory_format=torch.channels_last)
+    x = torch.randn(batch, 3, side, width or side, device=dev).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        for i in range(PROBE_WARMUP + PROBE_STEPS):
+            if i == PROBE_WARMUP:
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+            model(x)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / (PROBE_STEPS * batch)
+
+
 def _timed_steps(model_cfg: dict, side: int, n_classes: int, precision: str, batch: int, dev,
                  threads: int, start=None, width: int | None = None, mask_head: bool = False) -> float:
     """One rank's seconds per image over PROBE_STEPS steps after PROBE_WARMUP, on `threads` cores;

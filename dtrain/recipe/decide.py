@@ -65,8 +65,9 @@ SHIFT = 0.125
 WIDE = 1.5
 # Views per image at inference (dtrain/models/views.py): all 8 of the augmentation's
 # symmetries while scoring what the recipe predicts (validation, test, out-of-fold) stays
-# within this share of the budget, else 4, 2 or 1. A forward pass costs about a third of a
-# training step (the backward pass is about twice the forward).
+# within this share of the budget, else 4, 2 or 1, at the cost budget.probe_scoring times.
+# Where a caller gives only a training cost, a view is taken at a third of it: a forward pass
+# at the training's precision (the backward pass is about twice the forward).
 VIEWS_SHARE, FORWARD_COST = 0.1, 1 / 3
 
 
@@ -380,12 +381,12 @@ def mixup(stats: DataStats) -> Decision:
     )
 
 
-def inference_views(n_scored: int, seconds_per_image: float, budget_s: float, square: bool = True) -> Decision:
-    """`n_scored`: images the recipe predicts after training; `seconds_per_image`: training
-    cost per image at the chosen side (recipe/budget.py's probe); `square`: False for a
-    rectangular input, which has 4 symmetries (a quarter turn changes its shape)."""
+def inference_views(n_scored: int, seconds_per_view: float, budget_s: float, square: bool = True) -> Decision:
+    """`n_scored`: images the recipe predicts after training; `seconds_per_view`: scoring cost
+    per image and view at the chosen side (recipe/budget.py's probe_scoring); `square`: False
+    for a rectangular input, which has 4 symmetries (a quarter turn changes its shape)."""
     allowed = VIEWS_SHARE * budget_s
-    cost = lambda n: n_scored * n * seconds_per_image * FORWARD_COST  # noqa: E731
+    cost = lambda n: n_scored * n * seconds_per_view  # noqa: E731
     n = next((v for v in (8, 4, 2) if cost(v) <= allowed and (square or v <= 4)), 1)
     if n == 1:
         return Decision("model.views", 1, f"one view per image: scoring {n_scored} images on 2 views would take "
