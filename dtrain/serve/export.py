@@ -168,7 +168,7 @@ def export(opts: ExportOptions, step: Step = lambda _msg: None) -> ModelCard:
     staged = staging_dir(out)
     try:
         written, failed = _write_networks(opts, candidates, wrapped, size, val, staged, step, may_fail=bool(droppable),
-                                          bits=sample_bits(meta))
+                                          bits=sample_bits(meta), views=views)
         rows += [BackendRow(backend=n, note=f"not shipped: {failed[B.get_backend(n).network]}")
                  for n in candidates if B.get_backend(n).network in failed]
         verification, throughput = {}, {}
@@ -342,10 +342,11 @@ def _network_files(opts: ExportOptions) -> tuple[str, ...]:
 
 def _write_networks(
     opts: ExportOptions, candidates: list[str], wrapped, size: tuple[int, int], val: ValData, folder: Path, step: Step, may_fail: bool,
-    bits: int = FULL_BITS,
+    bits: int = FULL_BITS, views: int = 1,
 ) -> tuple[set[str], dict[str, str]]:
     """The networks written, and {network: why not} for an int8 quantisation that failed
-    where `may_fail` (what `--quantize auto` tries on its own it may leave out)."""
+    where `may_fail` (what `--quantize auto` tries on its own it may leave out); `views`: the
+    pictures the network makes of each image (calibration passes are sized by them)."""
     example = torch.from_numpy(batch_of(val.images, 2))
     dynamic = ({0: torch.export.Dim("batch", min=1, max=65536)},)
     written: set[str] = set()
@@ -368,7 +369,7 @@ def _write_networks(
             calib = calibration_images(opts.calibration, size, opts.calibration_images, sample_bits=bits)
         step(f"quantising to int8 (calibrating on {len(calib)} images)")
         try:
-            quantize_int8(folder / B.ONNX_FP32, folder / B.ONNX_INT8, calib)
+            quantize_int8(folder / B.ONNX_FP32, folder / B.ONNX_INT8, calib, views)
         except Exception as exc:  # ONNX Runtime's quantiser on a graph it cannot follow: any error type
             if not may_fail:
                 raise DtrainError(f"int8 quantisation failed: {type(exc).__name__}: {exc}",
