@@ -13,7 +13,6 @@ from dtrain.models.views import ViewAverage
 from dtrain.passes import images_per_pass
 
 
-
 @dataclass
 class Predictions:
     """Softmax probabilities [N, C] and true labels [N] of the readable images of a split."""
@@ -87,8 +86,8 @@ def predict_split(
     n = len(dataset)  # type: ignore[arg-type]
     views = next((m.n for m in model.modules() if isinstance(m, ViewAverage)), 1)
     # The loader's batches (256 images) are cut into passes of at most CPU_PASS / GPU_PASS
-    # pictures, views counted (dtrain/passes.py): on a CPU they are faster per picture there
-    # (14.7 ms a view at 16 vs 19-20 ms at 64-128, 384 px, Xeon with AMX, session 31).
+    # pictures, views counted (dtrain/passes.py); on a CPU small passes are also faster per
+    # picture (14.7 ms a view at 16 vs 19-20 ms at 64-128, 384 px, Xeon with AMX, session 31).
     step = images_per_pass(views, device.type == "cuda")
     chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for attempted, idx, images, labels in loader:
