@@ -360,7 +360,7 @@ def test_the_views_are_priced_at_the_scoring_cost_or_a_third_of_a_given_training
     assert f"~{n_scored * 8 * 1e-3:.0f} s" in views()["reason"]
 
 
-def test_the_scoring_probe_times_a_gradient_free_fp32_pass():
+def test_the_scoring_probe_returns_a_time_per_view_and_leaves_grad_mode_as_it_was():
     import torch
 
     from dtrain.recipe import budget
