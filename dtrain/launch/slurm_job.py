@@ -310,7 +310,8 @@ def refresh(registry: JobRegistry, rec: JobRecord, client: SlurmClient | None = 
     slurm_id = rec.extra.get("slurm_job_id")
     if not slurm_id or rec.state.terminal:
         return rec
-    job = (client or SlurmClient()).job(slurm_id, sacct=rec.extra.get("sacct", True))
+    client = client or SlurmClient()
+    job = client.job(slurm_id, sacct=rec.extra.get("sacct", True))
     if job is None:
         registry.finish(rec.id, JobState.FAILED, None, f"Slurm no longer knows job {slurm_id}")
     elif job.dtrain_state.terminal:
@@ -318,7 +319,7 @@ def refresh(registry: JobRegistry, rec: JobRecord, client: SlurmClient | None = 
             registry.update(rec.id, nodes=job.nodes)
         reason = job.describe()
         # The nodes' addresses are looked up only if every failed node merely echoes a lost peer.
-        lookup = functools.partial(_addresses, client or SlurmClient(), job.nodes or rec.nodes)
+        lookup = functools.partial(_addresses, client, job.nodes or rec.nodes)
         if job.dtrain_state == JobState.FAILED and (culprit := first_task_error(Path(rec.dir) / "output.log", lookup)):
             reason += f"; first failure on {culprit}"
         registry.finish(rec.id, job.dtrain_state, job.exit_code, reason)

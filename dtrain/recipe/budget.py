@@ -280,8 +280,8 @@ def probe(model_cfg: dict, side: int, n_classes: int, precision: str = "auto", r
 def probe_scoring(model_cfg: dict, side: int, n_classes: int, width: int | None = None) -> float:
     """Seconds per image and view that scoring takes after training (validation, test, out-of-fold
     images) at `side` px: as dtrain.evaluation.predict runs it, in this process on all its
-    threads, in fp32 (evaluation uses no autocast), gradient-free, channels-last, in passes of
-    about CPU_PASS pictures (probe_batch: 16 up to 320 px).
+    threads, in fp32 (evaluation uses no autocast), gradient-free, channels-last, in batches
+    of probe_batch pictures (16 up to 320 px, as evaluation's passes; fewer above).
 
     Timed rather than taken as a third of a training image's cost: on a CPU with bf16 units
     training runs bf16 and scoring fp32. At 320 px (Xeon with AMX, session 31) the training
@@ -298,14 +298,24 @@ def probe_scoring(model_cfg: dict, side: int, n_classes: int, width: int | None 
     model = model.to(dev).to(memory_format=torch.channels_last)
     x = torch.randn(batch, 3, side, width or side, device=dev).contiguous(memory_format=torch.channels_last)
     with torch.no_grad():
-        for i in range(PROBE_WARMUP + PROBE_STEPS):
-            if i == PROBE_WARMUP:
-                if dev.type == "cuda":
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-            model(x)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
+        return _seconds_per_image(lambda: model(x), batch, dev)
+
+
+def _seconds_per_image(step: Callable[[], object], batch: int, dev, start=None) -> float:
+    """Seconds per image of `step` (one batch of `batch` pictures) over PROBE_STEPS calls after
+    PROBE_WARMUP untimed ones; `start`: a barrier passed before the timed calls."""
+    import torch
+
+    for i in range(PROBE_WARMUP + PROBE_STEPS):
+        if i == PROBE_WARMUP:
+            if start is not None:
+                start.wait()
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        step()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
     return (time.perf_counter() - t0) / (PROBE_STEPS * batch)
 
 
@@ -333,13 +343,8 @@ def _timed_steps(model_cfg: dict, side: int, n_classes: int, precision: str, bat
         x = torch.randn(batch, 3, side, width or side, device=dev).contiguous(memory_format=torch.channels_last)
         y = torch.randint(0, n_classes, (batch,), device=dev)
         policy = P.resolve(precision, dev)
-        for i in range(PROBE_WARMUP + PROBE_STEPS):
-            if i == PROBE_WARMUP:
-                if start is not None:
-                    start.wait()
-                if dev.type == "cuda":
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
+
+        def step() -> None:
             with policy.autocast(dev):
                 out = model(x)
                 if mask_head:  # an all-clear target: the cost does not depend on the marks
@@ -351,9 +356,8 @@ def _timed_steps(model_cfg: dict, side: int, n_classes: int, precision: str, bat
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / (PROBE_STEPS * batch)
+
+        return _seconds_per_image(step, batch, dev, start)
     finally:
         torch.set_num_threads(before)
 
