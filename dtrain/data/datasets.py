@@ -116,7 +116,7 @@ class InspectionDataset(Dataset):
             clear = self.targets[index] == self.negative_index
             return mask_targets.constant_mask(self.image_size, 0 if clear else mask_targets.UNKNOWN)
         try:
-            mask = mask_targets.read_mask(path, self.image_size)
+            mask = mask_targets.read_mask(path, self.image_size, self.paths[index])
         except _READ_ERRORS as exc:  # the photo still trains on its label; its mask is left out
             if path not in self._bad_masks:
                 self._bad_masks.add(path)

@@ -4,7 +4,11 @@ Which mask a photo gets (`mask_files`): the file that the data layer pairs with 
 (dtrain/data/masks.py: beside it, in a ground-truth sub-folder, or in masks/ beside
 images/), else one in a ground-truth tree that mirrors the photos' tree (`_Trees`:
 MVTec-AD's `test/crack/000.png` -> `ground_truth/crack/000_mask.png`, VisA's
-`Data/Images/Anomaly/000.JPG` -> `Data/Masks/Anomaly/000.png`). A photo without one is
+`Data/Images/Anomaly/000.JPG` -> `Data/Masks/Anomaly/000.png`), else a box file
+(dtrain.data.boxes: Pascal VOC XML or YOLO text) beside the photo or in such a tree,
+mirrored or flat (NEU-DET's `train/images/crazing/crazing_1.jpg` ->
+`train/annotations/crazing_1.xml`; YOLO's `images/train/x.jpg` -> `labels/train/x.txt`),
+its boxes filled in as the mask. A photo without one is
 clear when it belongs to the defect-free class (MVTec's good parts have no mask) and
 UNKNOWN otherwise: a defective photo someone did not mask
 says nothing about where its defect is, and the loss leaves it out rather than teach
@@ -32,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dtrain.data import boxes
 from dtrain.data.config import Size, as_hw
 from dtrain.data.masks import (
     CONTAINER_NAMES, IMAGE_EXTENSIONS, MASK_DIRS, MASK_SUFFIXES, MAX_MASK_PIXELS, mark_floor, masks_of_images,
@@ -60,12 +65,16 @@ def mask_files(paths: Sequence[str]) -> list[str | None]:
         scanned.add(key)
         _, _, pairs = masks_of_images(folder)
         found.update((os.path.realpath(p), str(m)) for p, m in pairs.items())
-    trees = _Trees()
-    return [found.get(os.path.realpath(p)) or trees.mask_of(Path(p)) for p in paths]
+    trees, boxed = _Trees(), _BoxTrees()
+    return [found.get(os.path.realpath(p)) or trees.mask_of(Path(p)) or boxed.mask_of(Path(p)) for p in paths]
 
 
 class _Trees:
     """Ground-truth trees that mirror the photos' tree, each folder listed once."""
+
+    extensions = IMAGE_EXTENSIONS
+    # Also a ground-truth folder's own files, whatever sub-folders the photo sits in.
+    flat = False
 
     def __init__(self) -> None:
         self._siblings: dict[Path, list[Path]] = {}
@@ -73,18 +82,17 @@ class _Trees:
 
     def mask_of(self, photo: Path) -> str | None:
         """The mask of `photo` in a ground-truth tree beside one of its ancestors (a folder
-        named as MASK_DIRS, a sibling of that ancestor), at the same relative path, named by
-        the photo's stem with or without a mask suffix."""
+        named as MASK_DIRS, a sibling of that ancestor), at the same relative path (or, with
+        `flat`, at its top), named by the photo's stem with or without a mask suffix."""
         stem = photo.stem.lower()
         names = [stem + suffix for suffix in ("", *MASK_SUFFIXES)]
         branch = photo.parent
         for _ in range(MIRROR_DEPTH):
             relative = photo.parent.relative_to(branch)
             for truth in self.truth_beside(branch):
-                masks = self.masks_in(truth / relative)
-                hit = next((masks[n] for n in names if n in masks), None)
+                hit = self.named(truth / relative, names) or (self.named(truth, names) if self.flat else None)
                 if hit is not None:
-                    return str(hit)
+                    return hit
             if branch.parent == branch:
                 break
             branch = branch.parent
@@ -96,11 +104,36 @@ class _Trees:
                                       if p.name.lower() in MASK_DIRS and p != folder and p.is_dir()]
         return self._siblings[folder]
 
+    def named(self, folder: Path, names: list[str]) -> str | None:
+        """The first of `names` (stems) that `folder` holds a candidate of."""
+        masks = self.masks_in(folder)
+        return next((str(masks[n]) for n in names if n in masks), None)
+
     def masks_in(self, folder: Path) -> dict[str, Path]:
         if folder not in self._masks:
             self._masks[folder] = {p.stem.lower(): p for p in _entries(folder)
-                                   if p.suffix.lower() in IMAGE_EXTENSIONS}
+                                   if p.suffix.lower() in self.extensions and self.usable(p)}
         return self._masks[folder]
+
+    def usable(self, path: Path) -> bool:
+        return True
+
+
+class _BoxTrees(_Trees):
+    """Box files instead of mask images: also beside the photo, and flat in a ground-truth
+    folder whose photos sit in class folders (NEU-DET keeps one annotations/ for all classes)."""
+
+    extensions = frozenset(boxes.BOX_EXTENSIONS)
+    flat = True
+
+    def mask_of(self, photo: Path) -> str | None:
+        # with a mask suffix too: a k-fold run links a photo's box file as `<stem>_mask.xml` (recipe/folds.py)
+        names = [photo.stem.lower() + suffix for suffix in ("", *MASK_SUFFIXES)]
+        return self.named(photo.parent, names) or super().mask_of(photo)
+
+    def usable(self, path: Path) -> bool:
+        # A .txt of notes beside a photo is not a box file: only what parses counts.
+        return boxes.readable(path)
 
 
 def _entries(folder: Path) -> list[Path]:
@@ -110,11 +143,20 @@ def _entries(folder: Path) -> list[Path]:
         return []
 
 
-def read_mask(path: str | Path, size: Size) -> torch.Tensor:
-    """A mask file -> uint8 [1, H, W] of 0 / MARKED at the input size. Raises OSError or
-    ValueError when it cannot be read."""
+def read_mask(path: str | Path, size: Size, photo: str | Path | None = None) -> torch.Tensor:
+    """A mask file -> uint8 [1, H, W] of 0 / MARKED at the input size. A box file is
+    filled in at `photo`'s own size first (its boxes are shares or pixels of it). Raises
+    OSError or ValueError when it cannot be read."""
     from PIL import Image
 
+    if boxes.is_box_file(path):
+        if photo is None:
+            raise ValueError(f"{Path(path).name} holds boxes: the photo they belong to is needed for its size")
+        with Image.open(photo) as img:  # the header only: the size
+            width, height = img.size
+        if width * height > MAX_MASK_PIXELS:
+            raise ValueError(f"{width} x {height} pixels: larger than a mask is read")
+        return _at_size(boxes.rasterise(boxes.read_shapes(path), height, width).mul_(MARKED), size)
     floor = mark_floor(path)
     with Image.open(path) as img:
         if img.width * img.height > MAX_MASK_PIXELS:
@@ -122,6 +164,10 @@ def read_mask(path: str | Path, size: Size) -> torch.Tensor:
         # 16/32-bit grey is read as it is (Pillow's 8-bit conversion would clip it).
         values = np.asarray(img if img.mode.startswith("I") else img.convert("L"))
     marked = torch.from_numpy(np.ascontiguousarray(values >= floor)).to(torch.uint8).mul_(MARKED)[None]
+    return _at_size(marked, size)
+
+
+def _at_size(marked: torch.Tensor, size: Size) -> torch.Tensor:
     h, w = as_hw(size)
     if tuple(marked.shape[-2:]) == (h, w):
         return marked

@@ -325,11 +325,18 @@ def mask_supervision(stats: DataStats) -> Decision:
                         "from the image labels alone")
     return Decision(
         "mask_loss", MASK_LOSS,
-        f"{stats.masked_defects} of the {defects} defective training photos have a mask: a small head on the "
-        "network's inner features learns to draw it beside the class loss (equal weights), so the pixel labels tell "
+        f"{stats.masked_defects} of the {defects} defective training photos have a mask{_boxes(stats)}: a small head on "
+        "the network's inner features learns to draw it beside the class loss (equal weights), so the pixel labels tell "
         "the network where each defect lies instead of leaving it to find which pixels differ; the classifier "
         "alone decides at inspection (model.score_with_mask: true lets the head's most defective spot vote too)",
     )
+
+
+def _boxes(stats: DataStats) -> str:
+    if not stats.boxed_defects:
+        return ""
+    share = "all" if stats.boxed_defects == stats.masked_defects else str(stats.boxed_defects)
+    return f" ({share} of them boxes from annotation files, filled in)"
 
 
 # Share of the host draws (the defect-free ones; without a defect-free class, the masked

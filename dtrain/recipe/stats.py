@@ -64,6 +64,7 @@ class DataStats:
     deep_bits: list[int] = field(default_factory=list)  # of sampled 16-bit images: bits their largest value needs
     labelled_by: dict[str, int] = field(default_factory=dict)  # masklabels: photos per labelling rule, all splits
     masked_defects: int = 0  # defective training photos with a mask paired (dtrain.data.mask_targets)
+    boxed_defects: int = 0  # of these, the ones whose mask is a box file (dtrain.data.boxes)
 
     @property
     def n_train(self) -> int:
@@ -298,7 +299,7 @@ def gather(cfg: DataConfig, sample: int = SAMPLE, colour_sample: int = COLOUR_SA
         refused=refused,
         left_out={k: v for listing in (train, val, test) if listing for k, v in listing.left_out.items()},
         deep_bits=[b for b in map(_significant_bits, _evenly(deep, DEEP_SAMPLE)) if b is not None],
-        masked_defects=_masked_defects(train),
+        **_masked_defects(train),
         labelled_by={rule: sum(listing.labelled_by[rule] for listing in (train, val, test) if listing)
                      for rule in train.labelled_by},
         copies=identical(File(path, split, listing.classes[target])
@@ -307,11 +308,14 @@ def gather(cfg: DataConfig, sample: int = SAMPLE, colour_sample: int = COLOUR_SA
     )
 
 
-def _masked_defects(listing) -> int:
+def _masked_defects(listing) -> dict[str, int]:
+    """DataStats' masked_defects and boxed_defects of the training split."""
+    from dtrain.data.boxes import is_box_file
     from dtrain.data.mask_targets import mask_files
 
-    return sum(mask is not None and target != listing.negative_index
-               for mask, target in zip(mask_files(listing.paths), listing.targets))
+    masks = [mask for mask, target in zip(mask_files(listing.paths), listing.targets)
+             if mask is not None and target != listing.negative_index]
+    return {"masked_defects": len(masks), "boxed_defects": sum(map(is_box_file, masks))}
 
 
 def _counts(listing) -> dict[str, int]:

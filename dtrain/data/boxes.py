@@ -1,0 +1,162 @@
+"""Defect boxes as coarse masks: Pascal VOC XML and YOLO text files beside the photos.
+
+Why: many public defect sets mark where each defect lies with boxes, not pixel masks
+(NEU-DET: `train/images/<class>/crazing_1.jpg` beside `train/annotations/crazing_1.xml`;
+GC10-DET and most sets exported from labelling tools: VOC XML or YOLO text). A box says
+where the defect is, which is what the mask head and the transplants need from a mask
+(dtrain.data.mask_targets); its corners hold some surface too, which the mask head learns
+as "near a defect" and a transplant lifts as a faint change (its background is estimated
+from the pixels around the box, so the surface inside mostly cancels).
+
+Read here:
+- VOC: `<annotation>` with `<object><bndbox><xmin>..<ymax>` in pixels (1-based, inclusive,
+  as the format's tools write them), scaled by the photo's own size when `<size>` says
+  another (a set resized after labelling);
+- YOLO: a line per object, `class cx cy w h` as shares of the photo's side, or
+  `class x1 y1 x2 y2 ...` for a polygon (YOLO segmentation exports), filled.
+
+A file that is neither (a `.txt` of notes beside a photo, a damaged XML) is not a box file:
+`readable` says so once, and the photo keeps no mask rather than a wrong one. Files are
+read through ElementTree, which never fetches external entities; expat (>= 2.4) refuses
+entity expansion bombs, and files over MAX_BYTES are not opened.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+BOX_EXTENSIONS = (".xml", ".txt")
+# A box file of a thousand objects is ~200 kB: anything larger is not one.
+MAX_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """What one file marks, in shares of the photo's width and height: boxes as
+    (x0, y0, x1, y1), their edges; polygons as their corners."""
+
+    boxes: tuple[tuple[float, float, float, float], ...] = ()
+    polygons: tuple[tuple[tuple[float, float], ...], ...] = ()
+
+
+def is_box_file(path: str | Path) -> bool:
+    return Path(path).suffix.lower() in BOX_EXTENSIONS
+
+
+def readable(path: str | Path) -> bool:
+    """Whether `path` is a VOC or YOLO file that this module reads (an empty one is: it
+    marks nothing)."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError:
+        return False
+    return _parse(str(p), st.st_mtime_ns, st.st_size) is not None
+
+
+def read_shapes(path: str | Path) -> Shapes:
+    """The shapes a box file marks. Raises ValueError when it is not a box file this module
+    reads, OSError when it cannot be opened."""
+    p = Path(path)
+    st = p.stat()
+    shapes = _parse(str(p), st.st_mtime_ns, st.st_size)
+    if shapes is None:
+        raise ValueError(f"{p.name} is not a Pascal VOC or YOLO box file")
+    return shapes
+
+
+def rasterise(shapes: Shapes, height: int, width: int) -> torch.Tensor:
+    """uint8 [1, height, width]: 1 on every pixel a shape covers any part of, 0 elsewhere
+    (as a mask's marked pixel stays marked when resized: a thin defect is not lost)."""
+    from PIL import Image, ImageDraw
+
+    canvas = Image.new("L", (width, height), 0)
+    draw = ImageDraw.Draw(canvas)
+    for polygon in shapes.polygons:
+        # shares -> pixel centres: share 0 is the first pixel's left edge
+        draw.polygon([(x * width - 0.5, y * height - 0.5) for x, y in polygon], fill=1, outline=1)
+    out = torch.frombuffer(bytearray(canvas.tobytes()), dtype=torch.uint8).view(1, height, width)
+    for x0, y0, x1, y1 in shapes.boxes:
+        c0, c1 = max(math.floor(x0 * width), 0), min(math.ceil(x1 * width), width)
+        r0, r1 = max(math.floor(y0 * height), 0), min(math.ceil(y1 * height), height)
+        out[:, r0:r1, c0:c1] = 1
+    return out
+
+
+@functools.lru_cache(maxsize=65536)
+def _parse(path: str, _mtime_ns: int, size: int) -> Shapes | None:
+    """Keyed by the file's time and size, as dtrain.data.masks caches: every rank and epoch asks again."""
+    if size > MAX_BYTES:
+        return None
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    except OSError:
+        return None
+    if path.lower().endswith(".xml"):
+        return _voc(data)
+    return _yolo(data)
+
+
+def _voc(data: bytes) -> Shapes | None:
+    try:
+        root = ET.fromstring(data)
+    except ET.ParseError:  # damaged, or an entity bomb expat refused
+        return None
+    if root.tag.lower() != "annotation":
+        return None
+    width, height = _number(root, "size/width"), _number(root, "size/height")
+    found = []
+    for obj in root.iter("object"):
+        box = obj.find("bndbox")
+        corners = None if box is None else [_number(box, k) for k in ("xmin", "ymin", "xmax", "ymax")]
+        if corners is None or None in corners:
+            return None  # an object without its box: not a file to guess at
+        x0, y0, x1, y1 = corners  # type: ignore[misc]
+        if not (width and height):
+            # Without <size> the pixels cannot become shares: rare (every labelling tool writes it).
+            return None
+        # 1-based inclusive pixels -> the shares their edges sit at.
+        found.append(((x0 - 1) / width, (y0 - 1) / height, x1 / width, y1 / height))
+    return Shapes(boxes=tuple(found))
+
+
+def _number(node: ET.Element, path: str) -> float | None:
+    found = node.find(path)
+    try:
+        return float(found.text) if found is not None and found.text else None
+    except ValueError:
+        return None
+
+
+def _yolo(data: bytes) -> Shapes | None:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    found, polygons = [], []
+    for line in text.splitlines():
+        fields = line.split()
+        if not fields:
+            continue
+        try:
+            int(fields[0])
+            values = [float(v) for v in fields[1:]]
+        except ValueError:
+            return None
+        if any(not 0.0 <= v <= 1.0 for v in values):
+            return None  # YOLO writes shares of the side; pixels or anything else: not YOLO
+        if len(values) == 4:
+            cx, cy, w, h = values
+            found.append((cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2))
+        elif len(values) >= 6 and len(values) % 2 == 0:
+            polygons.append(tuple(zip(values[0::2], values[1::2])))
+        else:
+            return None
+    return Shapes(tuple(found), tuple(polygons))
