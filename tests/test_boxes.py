@@ -39,7 +39,9 @@ def _voc(path: Path, box: tuple[int, int, int, int], size: tuple[int, int] = (W,
 
 
 def _marked(mask_path: Path, photo: Path, size=(H, W)) -> np.ndarray:
-    return mask_targets.read_mask(mask_path, size, photo)[0].numpy() > 0
+    with Image.open(photo) as img:
+        native = (img.height, img.width)
+    return mask_targets.read_mask(mask_path, size, native)[0].numpy() > 0
 
 
 def test_a_voc_box_is_filled_in_where_its_pixels_are(tmp_path):

@@ -105,18 +105,20 @@ class InspectionDataset(Dataset):
             return None
 
     def _pixels(self, index: int) -> torch.Tensor:
-        image = resize_uint8(read_image(self.paths[index], self.sample_bits), self.image_size)
+        native = read_image(self.paths[index], self.sample_bits)
+        image = resize_uint8(native, self.image_size)
         if self.masks is None:
             return image
-        return mask_targets.with_mask(image, self._mask(index))
+        return mask_targets.with_mask(image, self._mask(index, tuple(native.shape[-2:])))
 
-    def _mask(self, index: int) -> torch.Tensor:
+    def _mask(self, index: int, native: tuple[int, int]) -> torch.Tensor:
+        """`native`: the photo's own (height, width), which a box file's boxes are shares of."""
         path = self.masks[index]
         if path is None:
             clear = self.targets[index] == self.negative_index
             return mask_targets.constant_mask(self.image_size, 0 if clear else mask_targets.UNKNOWN)
         try:
-            mask = mask_targets.read_mask(path, self.image_size, self.paths[index])
+            mask = mask_targets.read_mask(path, self.image_size, native)
         except _READ_ERRORS as exc:  # the photo still trains on its label; its mask is left out
             if path not in self._bad_masks:
                 self._bad_masks.add(path)

@@ -84,8 +84,7 @@ class _Trees:
         """The mask of `photo` in a ground-truth tree beside one of its ancestors (a folder
         named as MASK_DIRS, a sibling of that ancestor), at the same relative path (or, with
         `flat`, at its top), named by the photo's stem with or without a mask suffix."""
-        stem = photo.stem.lower()
-        names = [stem + suffix for suffix in ("", *MASK_SUFFIXES)]
+        names = _names(photo)
         branch = photo.parent
         for _ in range(MIRROR_DEPTH):
             relative = photo.parent.relative_to(branch)
@@ -128,12 +127,17 @@ class _BoxTrees(_Trees):
 
     def mask_of(self, photo: Path) -> str | None:
         # with a mask suffix too: a k-fold run links a photo's box file as `<stem>_mask.xml` (recipe/folds.py)
-        names = [photo.stem.lower() + suffix for suffix in ("", *MASK_SUFFIXES)]
-        return self.named(photo.parent, names) or super().mask_of(photo)
+        return self.named(photo.parent, _names(photo)) or super().mask_of(photo)
 
     def usable(self, path: Path) -> bool:
         # A .txt of notes beside a photo is not a box file: only what parses counts.
         return boxes.readable(path)
+
+
+def _names(photo: Path) -> list[str]:
+    """The stems a mask of `photo` may have: its own, or it plus a mask suffix."""
+    stem = photo.stem.lower()
+    return [stem + suffix for suffix in ("", *MASK_SUFFIXES)]
 
 
 def _entries(folder: Path) -> list[Path]:
@@ -143,17 +147,17 @@ def _entries(folder: Path) -> list[Path]:
         return []
 
 
-def read_mask(path: str | Path, size: Size, photo: str | Path | None = None) -> torch.Tensor:
+def read_mask(path: str | Path, size: Size, native: tuple[int, int] | None = None) -> torch.Tensor:
     """A mask file -> uint8 [1, H, W] of 0 / MARKED at the input size. A box file is
-    filled in at `photo`'s own size first (its boxes are shares or pixels of it). Raises
-    OSError or ValueError when it cannot be read."""
+    filled in at `native`, its photo's own (height, width), first (its boxes are shares of
+    it; the caller has just decoded the photo). Raises OSError or ValueError when it cannot
+    be read."""
     from PIL import Image
 
     if boxes.is_box_file(path):
-        if photo is None:
-            raise ValueError(f"{Path(path).name} holds boxes: the photo they belong to is needed for its size")
-        with Image.open(photo) as img:  # the header only: the size
-            width, height = img.size
+        if native is None:
+            raise ValueError(f"{Path(path).name} holds boxes: its photo's size is needed to fill them in")
+        height, width = native
         if width * height > MAX_MASK_PIXELS:
             raise ValueError(f"{width} x {height} pixels: larger than a mask is read")
         return _at_size(boxes.rasterise(boxes.read_shapes(path), height, width).mul_(MARKED), size)
