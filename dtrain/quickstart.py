@@ -274,6 +274,8 @@ def run_quickstart(opts: QuickstartOptions, stream: TextIO = sys.stdout) -> dict
     workdir.mkdir(parents=True, exist_ok=True)
     options = resume.options_of(opts)
     state = resume.continue_or_refuse(resume.load(workdir), options, opts.fresh, workdir)
+    if opts.fresh:
+        resume.discard(workdir)
     saved = Recipe.from_json(state.recipe) if state is not None and state.recipe is not None else None
     if saved is not None:  # the user's images: the same ones, or refused
         resume.check_images(state, resume.fingerprint(saved.data), workdir)

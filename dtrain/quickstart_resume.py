@@ -131,6 +131,16 @@ def continue_or_refuse(saved: RunState | None, options: dict[str, Any], fresh: b
     return saved
 
 
+def discard(workdir: Path) -> None:
+    """--fresh: the unfinished run's record goes at once, so a new run that fails before it
+    saves its own is not reported as that old run kept (and a plain rerun would not
+    continue the old one after a --fresh that failed)."""
+    try:
+        (Path(workdir) / STATE_FILE).unlink()
+    except FileNotFoundError:
+        pass
+
+
 def record_stop(workdir: Path, seconds: float) -> RunState | None:
     """Add a stopped invocation's wall time to the saved state; None if there is none to add to."""
     state = load(workdir)

@@ -113,10 +113,30 @@ def test_a_mask_image_wins_over_a_box_file(tmp_path):
     assert mask_targets.mask_files([str(photo)]) == [str(tmp_path / "dent" / "a_mask.png")]
 
 
+def test_a_voc_box_without_the_size_it_was_labelled_at_is_taken_in_the_photos_own_pixels(tmp_path):
+    """Some converters write no <size> (or a zero one): the box then lands where its pixels say."""
+    photo = _photo(tmp_path / "a.png")
+    for i, size in enumerate(("", "<size><width>0</width><height>0</height></size>")):
+        xml = tmp_path / f"a{i}.xml"
+        xml.write_text(f"<annotation>{size}<object><name>x</name><bndbox><xmin>21</xmin><ymin>5</ymin><xmax>40</xmax>"
+                       "<ymax>16</ymax></bndbox></object></annotation>")
+        want = np.zeros((H, W), bool)
+        want[4:16, 20:40] = True
+        assert np.array_equal(_marked(xml, photo), want)
+        assert boxes.marks(xml) is True
+
+
+def test_what_a_box_file_marks(tmp_path):
+    """An empty YOLO file (a good part in a detection set) marks nothing; notes mark nothing readable."""
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "one.txt").write_text("3 0.5 0.5 0.2 0.2\n")
+    (tmp_path / "notes.txt").write_text("looked fine to me\n")
+    assert (boxes.marks(tmp_path / "empty.txt"), boxes.marks(tmp_path / "one.txt")) == (False, True)
+    assert boxes.marks(tmp_path / "notes.txt") is None and boxes.marks(tmp_path / "gone.txt") is None
+
+
 @pytest.mark.parametrize("text", [
     "<annotation><object><name>x</name><bndbox><xmin>1</xmin></bndbox></object></annotation>",  # corners missing
-    "<annotation><object><bndbox><xmin>1</xmin><ymin>1</ymin><xmax>3</xmax><ymax>3</ymax></bndbox></object>"
-    "</annotation>",  # no <size>: pixels cannot become shares
     "<annotation><size><width>4",  # damaged
     "<?xml version='1.0'?><!DOCTYPE a [<!ENTITY e SYSTEM 'file:///etc/passwd'>]><annotation>&e;</annotation>",
     "<?xml version='1.0'?><!DOCTYPE a [" + "".join(

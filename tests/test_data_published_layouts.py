@@ -173,13 +173,14 @@ def test_a_class_named_images_beside_other_classes_is_a_class(tmp_path):
     assert train.classes == ["images", "ok", "scratch"] and sorted(set(train.targets)) == [0, 1, 2]
 
 
-def test_a_detection_set_is_refused_with_what_to_do(tmp_path):
-    """YOLO's layout: flat images/ beside labels/ is boxes, not classes."""
-    root = tmp_path / "yolo"
+def test_a_detection_set_in_a_format_not_read_is_refused_with_what_to_do(tmp_path):
+    """Flat images/ beside labels/ holding no box file dtrain reads (COCO's one JSON): boxes, not
+    classes, and no label per photo (YOLO and VOC ones are: tests/test_data_box_labels.py)."""
+    root = tmp_path / "coco"
     for i in range(3):
         _photo(root / "train" / "images" / f"{i}.jpg", seed=i)
-        (root / "train" / "labels").mkdir(parents=True, exist_ok=True)
-        (root / "train" / "labels" / f"{i}.txt").write_text("0 0.5 0.5 0.1 0.1")
+    (root / "train" / "labels").mkdir(parents=True, exist_ok=True)
+    (root / "train" / "labels" / "instances.json").write_text('{"images": [], "annotations": []}')
     _photo(root / "valid" / "images" / "9.jpg", seed=9)
     cfg = DataConfig(root=str(root), image_size=32, **detect_layout(root))
 
@@ -187,7 +188,7 @@ def test_a_detection_set_is_refused_with_what_to_do(tmp_path):
         scan(cfg, cfg.train_split)
 
     assert "holds images/ and labels/: a detection or segmentation data set" in err.value.message
-    assert "one folder per class" in err.value.hint
+    assert "COCO .json is not read" in err.value.message and "one folder per class" in err.value.hint
 
 
 def test_images_loose_in_the_folder_get_their_name_prefixes_named_as_a_way_out(tmp_path):

@@ -140,6 +140,25 @@ def test_continue_or_refuse(tmp_path):
     assert "stopped in training" in str(err.value) and "--fresh" in str(err.value)
 
 
+def test_fresh_forgets_the_old_run_even_when_the_new_one_fails_before_training(tmp_path, dtrain_cmd):
+    """Not "the run so far is kept" for a run --fresh replaced, and no old run left to continue."""
+    from PIL import Image
+
+    work, data = tmp_path / "qs", tmp_path / "boxed"
+    work.mkdir()
+    resume.save(work, _state())
+    for i in range(4):  # a detection set whose every photo holds a box: the recipe refuses it
+        (data / "train" / "images").mkdir(parents=True, exist_ok=True)
+        (data / "train" / "labels").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((16, 16), 40 * i, np.uint8)).save(data / "train" / "images" / f"{i}.png")
+        (data / "train" / "labels" / f"{i}.txt").write_text("0 0.5 0.5 0.2 0.2\n")
+    proc = subprocess.run([*dtrain_cmd, "quickstart", "--data", str(data), "--workdir", str(work), "--fresh"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "no good part to tell defects from" in proc.stderr, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "the run so far is kept" not in proc.stdout + proc.stderr
+    assert resume.load(work) is None
+
+
 def test_a_state_file_of_another_version_is_not_overwritten_silently(tmp_path):
     same = {"seed": 0}
     (tmp_path / resume.STATE_FILE).write_text(json.dumps({"version": 99, "stage": "train"}))

@@ -11,7 +11,7 @@ from the pixels around the box, so the surface inside mostly cancels).
 Read here:
 - VOC: `<annotation>` with `<object><bndbox><xmin>..<ymax>` in pixels (1-based, inclusive,
   as the format's tools write them), scaled by the photo's own size when `<size>` says
-  another (a set resized after labelling);
+  another (a set resized after labelling), taken as the photo's own pixels without one;
 - YOLO: a line per object, `class cx cy w h` as shares of the photo's side, or
   `class x1 y1 x2 y2 ...` for a polygon (YOLO segmentation exports), filled.
 
@@ -28,8 +28,10 @@ import math
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch only where a mask is drawn: the data layouts label photos by box files without it
+    import torch
 
 BOX_EXTENSIONS = (".xml", ".txt")
 # A box file of a thousand objects is ~200 kB: anything larger is not one.
@@ -39,10 +41,16 @@ MAX_BYTES = 1 << 20
 @dataclass(frozen=True)
 class Shapes:
     """What one file marks, in shares of the photo's width and height: boxes as
-    (x0, y0, x1, y1), their edges; polygons as their corners."""
+    (x0, y0, x1, y1), their edges; polygons as their corners. `pixel_boxes`: boxes in the
+    photo's own pixels (edges, 0-based), from a VOC file that does not say the size it was
+    labelled at."""
 
     boxes: tuple[tuple[float, float, float, float], ...] = ()
     polygons: tuple[tuple[tuple[float, float], ...], ...] = ()
+    pixel_boxes: tuple[tuple[float, float, float, float], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.boxes or self.polygons or self.pixel_boxes)
 
 
 def is_box_file(path: str | Path) -> bool:
@@ -60,6 +68,18 @@ def readable(path: str | Path) -> bool:
     return _parse(str(p), st.st_mtime_ns, st.st_size) is not None
 
 
+def marks(path: str | Path) -> bool | None:
+    """Whether box file `path` marks a defect (one box or polygon at least); None when it is
+    not a box file this module reads. The data layouts label a photo by it (masklabels)."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError:
+        return None
+    shapes = _parse(str(p), st.st_mtime_ns, st.st_size)
+    return None if shapes is None else bool(shapes)
+
+
 def read_shapes(path: str | Path) -> Shapes:
     """The shapes a box file marks. Raises ValueError when it is not a box file this module
     reads, OSError when it cannot be opened."""
@@ -74,6 +94,7 @@ def read_shapes(path: str | Path) -> Shapes:
 def rasterise(shapes: Shapes, height: int, width: int) -> torch.Tensor:
     """uint8 [1, height, width]: 1 on every pixel a shape covers any part of, 0 elsewhere
     (as a mask's marked pixel stays marked when resized: a thin defect is not lost)."""
+    import torch
     from PIL import Image, ImageDraw
 
     canvas = Image.new("L", (width, height), 0)
@@ -82,9 +103,10 @@ def rasterise(shapes: Shapes, height: int, width: int) -> torch.Tensor:
         # shares -> pixel centres: share 0 is the first pixel's left edge
         draw.polygon([(x * width - 0.5, y * height - 0.5) for x, y in polygon], fill=1, outline=1)
     out = torch.frombuffer(bytearray(canvas.tobytes()), dtype=torch.uint8).view(1, height, width)
-    for x0, y0, x1, y1 in shapes.boxes:
-        c0, c1 = max(math.floor(x0 * width), 0), min(math.ceil(x1 * width), width)
-        r0, r1 = max(math.floor(y0 * height), 0), min(math.ceil(y1 * height), height)
+    pixels = [(x0 * width, y0 * height, x1 * width, y1 * height) for x0, y0, x1, y1 in shapes.boxes]
+    for x0, y0, x1, y1 in pixels + list(shapes.pixel_boxes):
+        c0, c1 = max(math.floor(x0), 0), min(math.ceil(x1), width)
+        r0, r1 = max(math.floor(y0), 0), min(math.ceil(y1), height)
         out[:, r0:r1, c0:c1] = 1
     return out
 
@@ -112,19 +134,18 @@ def _voc(data: bytes) -> Shapes | None:
     if root.tag.lower() != "annotation":
         return None
     width, height = _number(root, "size/width"), _number(root, "size/height")
-    found = []
+    edges = []
     for obj in root.iter("object"):
         box = obj.find("bndbox")
         corners = None if box is None else [_number(box, k) for k in ("xmin", "ymin", "xmax", "ymax")]
         if corners is None or None in corners:
             return None  # an object without its box: not a file to guess at
         x0, y0, x1, y1 = corners  # type: ignore[misc]
-        if not (width and height):
-            # Without <size> the pixels cannot become shares: rare (every labelling tool writes it).
-            return None
-        # 1-based inclusive pixels -> the shares their edges sit at.
-        found.append(((x0 - 1) / width, (y0 - 1) / height, x1 / width, y1 / height))
-    return Shapes(boxes=tuple(found))
+        edges.append((x0 - 1, y0 - 1, x1, y1))  # 1-based inclusive pixels -> the edges they span
+    if not (width and height):
+        # Without <size> (or with a zero one, as some converters write) the pixels are the photo's own.
+        return Shapes(pixel_boxes=tuple(edges))
+    return Shapes(boxes=tuple((x0 / width, y0 / height, x1 / width, y1 / height) for x0, y0, x1, y1 in edges))
 
 
 def _number(node: ET.Element, path: str) -> float | None:

@@ -16,11 +16,15 @@ A layout is a function `(cfg, split) -> Listing`, registered by name in `LAYOUTS
   taken before the val carve so the three splits never overlap.
 - `masklabels`: the photos' own ground-truth masks are their labels, as sets published for
   segmentation ship them (KolektorSDD2: ROOT/{train,test}/10000.png beside 10000_GT.png;
-  KolektorSDD: ROOT/kos01/Part0.jpg beside Part0_label.bmp). A photo is `defect` when its
-  mask marks any pixel and `ok` when the mask is empty or there is none (nothing drawn on
-  the part: MVTec ships no masks for its good parts either). With split folders, train/
-  holds val unless a val folder does (`data.val_from_train`); without them, every class is
-  cut by `data.split_fractions`.
+  KolektorSDD: ROOT/kos01/Part0.jpg beside Part0_label.bmp), or their box files, as
+  detection sets do (YOLO exports: ROOT/train/images/x.jpg beside ROOT/train/labels/x.txt,
+  or ROOT/images/train/ beside ROOT/labels/train/; VOC XML likewise, dtrain.data.boxes). A
+  photo is `defect` when its mask marks any pixel or its box file a box, and `ok` when the
+  file is empty or there is none (nothing drawn on the part: MVTec ships no masks for its
+  good parts, YOLO no label file for a background photo). The box's class is not kept: the
+  two classes are what a miss rate is measured on. With split folders, train/ holds val
+  unless a val folder does (`data.val_from_train`); without them, every class is cut by
+  `data.split_fractions`.
 
 Every carve is per class, from the class's sorted file list shuffled with a seed of
 (`data.split_seed`, class name): the same split in every process, run and machine, and a
@@ -48,10 +52,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dtrain.data import boxes
 from dtrain.data.config import DataConfig
 from dtrain.data.masks import (
     CONTAINER_NAMES, IMAGE_EXTENSIONS, hidden_or_debris, images_under, marks_pixels, masks_of_images,
 )
+from dtrain.data.truth_trees import BoxTrees
 from dtrain.errors import DtrainError
 
 NEGATIVE_SYNONYMS = ("ok", "good", "normal")
@@ -232,9 +238,10 @@ def class_root(folder: Path) -> Path:
     if beside and any(p.suffix.lower() in IMAGE_EXTENSIONS for p in inner.iterdir()):
         raise DtrainError(
             f"{folder} holds {inner.name}/ and {beside[0]}/: a detection or segmentation data set (the defects' places "
-            "in label files), not one folder of images per class",
+            "in label files), not one folder of images per class, and none of its photos has a label file dtrain "
+            "reads (mask images, Pascal VOC .xml or YOLO .txt named as the photo; COCO .json is not read)",
             "dtrain trains a classifier of whole parts: sort the images into one folder per class "
-            f"({folder}/<class>/*), or pass --data the folder that holds them",
+            f"({folder}/<class>/*), give each photo a mask or box file, or pass --data the folder that holds them",
         )
     return folder
 
@@ -331,14 +338,31 @@ def mvtec(cfg: DataConfig, split: str) -> Listing:
 
 # masklabels' two classes, and the rules that put a photo in one (Listing.labelled_by's keys).
 MASK_DEFECT, MASK_OK = "defect", "ok"
-MASK_RULES = ("its mask marks pixels", "its mask is empty", "it has no mask")
+MASK_RULES = ("its mask marks pixels", "its mask is empty", "it has no mask", "its box file marks a defect",
+              "its box file is empty")
+BOX_RULES = MASK_RULES[3:]
 # How Listing.left_out's reasons begin for photos (not masks) a layout leaves out: the recipe's
 # notes count each kind apart from the ground truth.
 UNREADABLE_MASK, UNLISTED = "its mask cannot be read", "not listed in"
 
 
+def split_root(root: Path) -> Path:
+    """Where a data set's split folders are: in `root`, or in its photo folder when the set
+    keeps its splits there beside a labels tree (YOLO / Ultralytics: ROOT/images/train/ with
+    ROOT/labels/train/). Read as class folders, that layout would be classes named train
+    and val."""
+    if (root / "train").is_dir() or not root.is_dir():
+        return root
+    subdirs = [d for d in root.iterdir() if d.is_dir() and not hidden_or_debris(d.name)]
+    photos = [d for d in subdirs if d.name.lower() in CONTAINER_NAMES and (d / "train").is_dir()]
+    if len(photos) == 1 and any(d.name.lower() in DETECTION_LABELS for d in subdirs):
+        return photos[0]
+    return root
+
+
 def masklabels(cfg: DataConfig, split: str) -> Listing:
     root, role = _root_and_role(cfg, split)
+    root = split_root(root)
     if not (root / cfg.train_split).is_dir():  # one folder of photos: every class cut by split_fractions
         whole, left_out, rules = _by_masks(root)
         files = _carve_classes(whole, cfg, cfg.split_fractions, role)
@@ -348,6 +372,8 @@ def masklabels(cfg: DataConfig, split: str) -> Listing:
     else:
         _require_dir(root / split, f"split '{split}'", "expected ROOT/<split>/ with the photos and their masks")
         files, left_out, rules = _by_masks(root / split)
+    if role == 0:
+        _both_classes(files, rules, root)
     listing = _listing([MASK_DEFECT, MASK_OK], cfg.negative_class, root, files, left_out)
     counts = {rule: 0 for rule in MASK_RULES}
     for path in listing.paths:
@@ -355,20 +381,48 @@ def masklabels(cfg: DataConfig, split: str) -> Listing:
     return Listing(listing.classes, listing.negative_index, listing.paths, listing.targets, left_out, counts)
 
 
+def _both_classes(files: dict[str, list[Path]], rules: dict[str, str], root: Path) -> None:
+    """Refuses a training split whose masks or boxes leave one of the two classes empty: a
+    detection set whose every photo holds a defect (NEU-DET, GC10-DET) has no good part to
+    tell a defect from, and a classifier trained on one class learns nothing."""
+    empty = [c for c, photos in files.items() if not photos]
+    if not empty or not any(files.values()):
+        return
+    boxed = any(rule in BOX_RULES for rule in rules.values())
+    source = "box file" if boxed else "mask"
+    if empty == [MASK_OK]:
+        raise DtrainError(
+            f"every training photo in {root} has a {source} that marks a defect: no good part to tell defects from",
+            "add photos of good parts (with an empty label file, or none), or sort the photos into one folder per "
+            "defect type to train a classifier of types",
+        )
+    raise DtrainError(f"no training photo in {root} has a {source} that marks a defect: nothing to learn a defect from",
+                      "check that the masks or label files belong to these photos (same names), or sort the photos "
+                      "into class folders")
+
+
 def _by_masks(folder: Path) -> tuple[dict[str, list[Path]], dict[str, str], dict[str, str]]:
     """{class: photos} of every photo under `folder` by its mask, what was left out (a photo
     whose mask cannot be read is, with that reason), and {photo: the rule (MASK_RULES) that
     labelled it}."""
     images, left_out, masks = masks_of_images(folder)
+    boxed = BoxTrees()
     files: dict[str, list[Path]] = {MASK_DEFECT: [], MASK_OK: []}
     rules: dict[str, str] = {}
     for photo in images:
         mask = masks.get(str(photo))
-        marked = None if mask is None else marks_pixels(mask)
-        if mask is not None and marked is None:
+        if mask is not None:
+            marked = marks_pixels(mask)
+            rule = MASK_RULES[0] if marked else MASK_RULES[1]
+        elif (found := boxed.mask_of(photo)) is not None:  # only box files that parse are found
+            mask, marked = Path(found), boxes.marks(found)
+            rule = BOX_RULES[0] if marked else BOX_RULES[1]
+        else:
+            marked, rule = False, MASK_RULES[2]
+        if marked is None:
             left_out[str(photo)] = f"{UNREADABLE_MASK} ({mask.name}), so its label is unknown"
             continue
-        rules[str(photo)] = MASK_RULES[2] if mask is None else MASK_RULES[0] if marked else MASK_RULES[1]
+        rules[str(photo)] = rule
         files[MASK_DEFECT if marked else MASK_OK].append(photo)
     return files, left_out, rules
 

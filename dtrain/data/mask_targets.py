@@ -38,14 +38,10 @@ import torch
 
 from dtrain.data import boxes
 from dtrain.data.config import Size, as_hw
-from dtrain.data.masks import (
-    CONTAINER_NAMES, IMAGE_EXTENSIONS, MASK_DIRS, MASK_SUFFIXES, MAX_MASK_PIXELS, mark_floor, masks_of_images,
-)
+from dtrain.data.masks import CONTAINER_NAMES, MAX_MASK_PIXELS, mark_floor, masks_of_images
 from dtrain.data.transforms import resize_uint8
+from dtrain.data.truth_trees import BoxTrees, Trees
 
-# How far above a photo a mirrored ground-truth tree may branch off: MVTec's photo sits two
-# folders below it (test/crack/), VisA's three (Images/Anomaly/ under Data/).
-MIRROR_DEPTH = 3
 UNKNOWN = 127  # the fill of a defective photo with no mask: never a value of a read mask (0 or 255)
 MARKED = 255
 
@@ -65,86 +61,8 @@ def mask_files(paths: Sequence[str]) -> list[str | None]:
         scanned.add(key)
         _, _, pairs = masks_of_images(folder)
         found.update((os.path.realpath(p), str(m)) for p, m in pairs.items())
-    trees, boxed = _Trees(), _BoxTrees()
+    trees, boxed = Trees(), BoxTrees()
     return [found.get(os.path.realpath(p)) or trees.mask_of(Path(p)) or boxed.mask_of(Path(p)) for p in paths]
-
-
-class _Trees:
-    """Ground-truth trees that mirror the photos' tree, each folder listed once."""
-
-    extensions = IMAGE_EXTENSIONS
-    # Also a ground-truth folder's own files, whatever sub-folders the photo sits in.
-    flat = False
-
-    def __init__(self) -> None:
-        self._siblings: dict[Path, list[Path]] = {}
-        self._masks: dict[Path, dict[str, Path]] = {}
-
-    def mask_of(self, photo: Path) -> str | None:
-        """The mask of `photo` in a ground-truth tree beside one of its ancestors (a folder
-        named as MASK_DIRS, a sibling of that ancestor), at the same relative path (or, with
-        `flat`, at its top), named by the photo's stem with or without a mask suffix."""
-        names = _names(photo)
-        branch = photo.parent
-        for _ in range(MIRROR_DEPTH):
-            relative = photo.parent.relative_to(branch)
-            for truth in self.truth_beside(branch):
-                hit = self.named(truth / relative, names) or (self.named(truth, names) if self.flat else None)
-                if hit is not None:
-                    return hit
-            if branch.parent == branch:
-                break
-            branch = branch.parent
-        return None
-
-    def truth_beside(self, folder: Path) -> list[Path]:
-        if folder not in self._siblings:
-            self._siblings[folder] = [p for p in _entries(folder.parent)
-                                      if p.name.lower() in MASK_DIRS and p != folder and p.is_dir()]
-        return self._siblings[folder]
-
-    def named(self, folder: Path, names: list[str]) -> str | None:
-        """The first of `names` (stems) that `folder` holds a candidate of."""
-        masks = self.masks_in(folder)
-        return next((str(masks[n]) for n in names if n in masks), None)
-
-    def masks_in(self, folder: Path) -> dict[str, Path]:
-        if folder not in self._masks:
-            self._masks[folder] = {p.stem.lower(): p for p in _entries(folder)
-                                   if p.suffix.lower() in self.extensions and self.usable(p)}
-        return self._masks[folder]
-
-    def usable(self, path: Path) -> bool:
-        return True
-
-
-class _BoxTrees(_Trees):
-    """Box files instead of mask images: also beside the photo, and flat in a ground-truth
-    folder whose photos sit in class folders (NEU-DET keeps one annotations/ for all classes)."""
-
-    extensions = frozenset(boxes.BOX_EXTENSIONS)
-    flat = True
-
-    def mask_of(self, photo: Path) -> str | None:
-        # with a mask suffix too: a k-fold run links a photo's box file as `<stem>_mask.xml` (recipe/folds.py)
-        return self.named(photo.parent, _names(photo)) or super().mask_of(photo)
-
-    def usable(self, path: Path) -> bool:
-        # A .txt of notes beside a photo is not a box file: only what parses counts.
-        return boxes.readable(path)
-
-
-def _names(photo: Path) -> list[str]:
-    """The stems a mask of `photo` may have: its own, or it plus a mask suffix."""
-    stem = photo.stem.lower()
-    return [stem + suffix for suffix in ("", *MASK_SUFFIXES)]
-
-
-def _entries(folder: Path) -> list[Path]:
-    try:
-        return sorted(Path(e.path) for e in os.scandir(folder))
-    except OSError:  # not there, or not a folder
-        return []
 
 
 def read_mask(path: str | Path, size: Size, native: tuple[int, int] | None = None) -> torch.Tensor:

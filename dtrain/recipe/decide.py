@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from dtrain.data.layouts import NEGATIVE_SYNONYMS, UNLISTED, UNREADABLE_MASK
+from dtrain.data.layouts import BOX_RULES, MASK_RULES, NEGATIVE_SYNONYMS, UNLISTED, UNREADABLE_MASK
 from dtrain.recipe import copies
 from dtrain.recipe.stats import DataStats
 
@@ -500,8 +500,13 @@ def notes(stats: DataStats) -> list[str]:
                    f"in training (e.g. {path}: {why})")
     if stats.labelled_by:
         rules = ", ".join(f"{n} because {rule}" for rule, n in stats.labelled_by.items() if n)
-        out.append(f"labels read from the masks (data.layout masklabels): {rules} (marked: defect; empty or none: ok). "
-                   "If photos without a mask are not all good parts, sort the photos into class folders instead")
+        boxed = sum(stats.labelled_by.get(rule, 0) for rule in BOX_RULES)
+        masked = sum(stats.labelled_by.values()) - boxed - stats.labelled_by.get(MASK_RULES[2], 0)
+        source = "masks and box files" if boxed and masked else "box files" if boxed else "masks"
+        kept = " (the boxes' classes are not kept: defect or ok is what the miss rate needs)" if boxed else ""
+        out.append(f"labels read from the {source} (data.layout masklabels): {rules} (marked: defect; empty or none: "
+                   f"ok){kept}. If photos without one are not all good parts, sort the photos into class folders "
+                   "instead")
     unread = {p: why for p, why in stats.left_out.items() if why.startswith(UNREADABLE_MASK)}
     if unread:
         path, why = next(iter(unread.items()))

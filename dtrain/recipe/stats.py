@@ -93,13 +93,14 @@ def detect_layout(root: Path) -> dict[str, Any]:
     when there is none; with train/ and a val folder only, that folder is the test split),
     MVTec-AD (ROOT/[category/]{train,test}/<class>), or bare class folders (ROOT/<class>/*,
     split per class by data.split_fractions)."""
-    from dtrain.data.layouts import class_folders_with_images
+    from dtrain.data.layouts import class_folders_with_images, split_root
 
     if not root.is_dir():
         raise DtrainError(f"data directory not found: {root}", "pass --data the folder that holds train/ (and val/, test/)")
-    if (root / "train").is_dir() and _labelled_by_masks(root / "train"):
-        return {"layout": "masklabels", **_split_folders(root)}
-    if not (root / "train").is_dir() and _labelled_by_masks(root):
+    splits = split_root(root)  # YOLO keeps its splits in images/: images/train/ beside labels/train/
+    if (splits / "train").is_dir() and _labelled_by_masks(splits / "train"):
+        return {"layout": "masklabels", **_split_folders(splits)}
+    if not (splits / "train").is_dir() and _labelled_by_masks(root):
         return {"layout": "masklabels"}
     if (table := _label_table(root)) is not None:
         return table
@@ -154,21 +155,28 @@ def _classes_by_name(images: list[Path]) -> dict[str, int]:
 
 
 def _labelled_by_masks(folder: Path) -> bool:
-    """Whether `folder`'s photos are labelled by their masks rather than by folders: some of
-    them have a mask (dtrain.data.masks), and the folders they lie in name no classes. They
-    lie loose in `folder` (KolektorSDD2's train/), in images/ beside masks/ (a segmentation
-    set), or in numbered folders of one name (KolektorSDD's kos01..kos50, DAGM's
-    Class1..Class10: parts or textures, each holding good and defective photos)."""
+    """Whether `folder`'s photos are labelled by their masks or box files rather than by
+    folders: some of them have one (dtrain.data.masks, dtrain.data.truth_trees), and the
+    folders they lie in name no classes. They lie loose in `folder` (KolektorSDD2's train/),
+    in images/ beside masks/ or labels/ (a segmentation or detection set), or in numbered
+    folders of one name (KolektorSDD's kos01..kos50, DAGM's Class1..Class10: parts or
+    textures, each holding good and defective photos)."""
     from dtrain.data.layouts import class_folders_with_images
-    from dtrain.data.masks import masks_of_images
+    from dtrain.data.masks import CONTAINER_NAMES, masks_of_images
+    from dtrain.data.truth_trees import BoxTrees
 
     try:
-        groups = list(class_folders_with_images(folder))
+        # a photo folder is no class (VOC's JPEGImages/ beside Annotations/ and ImageSets/)
+        groups = [g for g in class_folders_with_images(folder) if g.lower() not in CONTAINER_NAMES]
     except DtrainError:  # flat images/ beside labels/ or masks/: labelled by masks if masks pair with them
         groups = []
     if groups and not _numbered(groups):
         return False
-    return bool(masks_of_images(folder)[2])
+    photos, _, masks = masks_of_images(folder)
+    if masks:
+        return True
+    boxed = BoxTrees()
+    return any(boxed.mask_of(p) is not None for p in photos)
 
 
 def _label_table(root: Path) -> dict[str, Any] | None:
@@ -230,7 +238,8 @@ def describe_layout(fields: dict[str, Any]) -> str:
     """detect_layout's result in words, for the recipe's first line."""
     layout = fields["layout"]
     if layout == "masklabels":
-        how = "labels from the photos' masks: 'defect' where a mask marks pixels, 'ok' where it is empty or missing"
+        how = ("labels from the photos' masks or box files: 'defect' where one marks pixels or a box, 'ok' where it is "
+               "empty or missing")
         if fields.get("val_split", "val") == "val" and not fields.get("val_from_train"):
             shares = "/".join(str(round(x * 100)) for x in DataConfig().split_fractions)
             return f"{how}; each of the two split {shares} % into train/val/test, seeded by data.split_seed"

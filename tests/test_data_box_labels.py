@@ -1,0 +1,137 @@
+"""Detection sets labelled by their box files (owner: data): YOLO exports (Roboflow's
+SPLIT/images + SPLIT/labels, Ultralytics' images/SPLIT + labels/SPLIT) and Pascal VOC
+(JPEGImages/ + Annotations/). A photo whose file holds a box is a defect, one whose file is
+empty or missing a good part; the recipe finds the layout itself, says how each photo was
+labelled, and trains on the boxes as masks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from dtrain.data.config import DataConfig
+from dtrain.data.layouts import scan
+from dtrain.errors import DtrainError
+from dtrain.recipe.stats import detect_layout
+from tests.quickstart_helpers import quickstart_data
+
+BOX = "0 0.5 0.5 0.2 0.3\n"
+
+
+def _photo(path: Path, seed: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.random.default_rng(seed).integers(0, 256, (30, 40), dtype=np.uint8)).save(path)
+
+
+def _label(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _labels(cfg: DataConfig) -> dict[str, bool]:
+    """{photo: defective} over every split the config names."""
+    out = {}
+    for split in (cfg.train_split, cfg.val_split, cfg.test_split):
+        if split:
+            listing = scan(cfg, split)
+            assert not set(out) & set(listing.paths), "a photo in two splits"
+            out.update({p: listing.classes[t] == "defect" for p, t in zip(listing.paths, listing.targets)})
+    return out
+
+
+def _config(root: Path) -> DataConfig:
+    return DataConfig(root=str(root), image_size=32, **detect_layout(root))
+
+
+def test_a_roboflow_yolo_export_is_labelled_by_its_box_files(tmp_path):
+    """SPLIT/images/x.jpg beside SPLIT/labels/x.txt; a good part has an empty file, or none."""
+    truth, seed = {}, 0
+    for split, n in (("train", 12), ("valid", 6), ("test", 6)):
+        for i in range(n):
+            photo = tmp_path / split / "images" / f"part_{i}.jpg"
+            _photo(photo, seed := seed + 1)
+            if i != n - 1:  # the last of each split: a background photo without a label file
+                _label(tmp_path / split / "labels" / f"part_{i}.txt", BOX if i % 3 == 0 else "")
+            truth[str(photo)] = i % 3 == 0 and i != n - 1
+    fields = detect_layout(tmp_path)
+    assert fields == {"layout": "masklabels", "val_split": "valid"}
+    cfg = _config(tmp_path)
+    assert _labels(cfg) == truth
+    train = scan(cfg, "train")
+    assert train.labelled_by["its box file marks a defect"] == 4
+    assert train.labelled_by["its box file is empty"] == 7 and train.labelled_by["it has no mask"] == 1
+    assert str(tmp_path / "train" / "labels") + "/" in train.left_out  # the label folder is no class of photos
+
+
+def test_an_ultralytics_layout_is_not_read_as_classes_named_train_and_val(tmp_path):
+    """images/{train,val}/x.jpg beside labels/{train,val}/x.txt: before, class folders 'train' and 'val'."""
+    truth = {}
+    for split, n in (("train", 12), ("val", 6)):
+        for i in range(n):
+            photo = tmp_path / "images" / split / f"{i}.png"
+            _photo(photo, 100 * len(split) + i)
+            _label(tmp_path / "labels" / split / f"{i}.txt", BOX if i % 2 == 0 else "")
+            truth[str(photo)] = i % 2 == 0
+    fields = detect_layout(tmp_path)
+    assert fields["layout"] == "masklabels" and fields["test_split"] == "val", fields
+    cfg = _config(tmp_path)
+    assert scan(cfg, cfg.train_split).classes == ["defect", "ok"]
+    assert _labels(cfg) == truth
+
+
+def test_a_voc_set_with_image_sets_is_labelled_by_its_annotations_and_split_for_you(tmp_path):
+    """JPEGImages/ + Annotations/ (+ ImageSets/ of id lists): an annotation without objects is a good part."""
+    truth = {}
+    (tmp_path / "ImageSets" / "Main").mkdir(parents=True)
+    (tmp_path / "ImageSets" / "Main" / "trainval.txt").write_text("\n".join(str(i) for i in range(20)))
+    for i in range(20):
+        photo = tmp_path / "JPEGImages" / f"{i:06d}.png"
+        _photo(photo, i)
+        objects = ("<object><name>crack</name><bndbox><xmin>3</xmin><ymin>4</ymin><xmax>12</xmax><ymax>9</ymax>"
+                   "</bndbox></object>") if i % 4 == 0 else ""
+        _label(tmp_path / "Annotations" / f"{i:06d}.xml",
+               f"<annotation><size><width>40</width><height>30</height></size>{objects}</annotation>")
+        truth[str(photo)] = i % 4 == 0
+    assert detect_layout(tmp_path) == {"layout": "masklabels"}
+    assert _labels(_config(tmp_path)) == truth
+
+
+def test_a_detection_set_whose_every_photo_holds_a_defect_is_refused_with_what_to_do(tmp_path):
+    """NEU-DET or GC10-DET as a YOLO export: no good part, so no miss rate and nothing to tell apart."""
+    for i in range(6):
+        _photo(tmp_path / "train" / "images" / f"{i}.jpg", i)
+        _label(tmp_path / "train" / "labels" / f"{i}.txt", BOX)
+    cfg = _config(tmp_path)
+    with pytest.raises(DtrainError) as err:
+        scan(cfg, cfg.train_split)
+    assert "every training photo" in err.value.message and "no good part" in err.value.message
+    assert "one folder per defect type" in err.value.hint
+
+
+def test_quickstart_trains_a_yolo_export_with_its_boxes_as_masks(synth_data, dtrain_cmd, tmp_path):
+    """synth_data's photos as a Roboflow export: a box around the middle third of every defective
+    photo, an empty label file for every good one. The recipe finds the layout, says the labels
+    came from box files, trains with the boxes as masks, and measures misses against 'ok'."""
+    root = tmp_path / "export"
+    test_defects = 0
+    for split, to in (("train", "train"), ("val", "valid"), ("test", "test")):
+        for cls_dir in sorted((synth_data / split).iterdir()):
+            for src in sorted(cls_dir.iterdir())[:40 if cls_dir.name == "ok" else 12]:
+                dst = root / to / "images" / f"{cls_dir.name}_{src.stem}.png"
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(src, dst)
+                _label(root / to / "labels" / f"{dst.stem}.txt", "" if cls_dir.name == "ok" else "2 0.5 0.5 0.33 0.33\n")
+                test_defects += to == "test" and cls_dir.name != "ok"
+    work = tmp_path / "qs"
+    proc = quickstart_data(dtrain_cmd, root, work, epochs=2)
+    assert "labels read from the box files (data.layout masklabels)" in proc.stdout, proc.stdout
+    assert "because its box file marks a defect" in proc.stdout and "because its box file is empty" in proc.stdout
+    assert "recipe: mask_loss = 1.0" in proc.stdout and "(all of them boxes from annotation files" in proc.stdout
+    report = json.loads((work / "report.json").read_text())
+    assert report["classes"] == ["defect", "ok"] and report["negative_class"] == "ok", report
+    assert report["n_defective"] == test_defects and report["n_missed"] is not None, sorted(report)
