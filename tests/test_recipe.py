@@ -12,9 +12,12 @@ import torch
 import yaml
 
 from dtrain.configio import validate
+from dtrain.data.config import DataConfig
+from dtrain.data.layouts import scan
+from dtrain.errors import DtrainError
 from dtrain.quickstart import TRAIN, _merged
 from dtrain.recipe import decide as D
-from dtrain.recipe.stats import DataStats, gather
+from dtrain.recipe.stats import DataStats, detect_layout, gather
 from dtrain.train.config import TrainConfig
 from dtrain.train.trainer import loss_weights
 from tests.quickstart_helpers import quickstart_data
@@ -327,7 +330,7 @@ def test_an_mvtec_category_lends_test_images_to_train_so_the_classifier_sees_def
     out = io.StringIO()
     recipe = recipe_config(QuickstartOptions(data=base, folds=0), base, tmp_path / "train", out,
                            seconds_per_image=lambda side: 1e-5)
-    assert "recipe: data.mvtec_train_fraction = 0.5  (MVTec-AD's train/ holds only good parts" in out.getvalue()
+    assert "recipe: data.mvtec_train_fraction = 0.5  (train/ holds only good parts (MVTec-AD's layout" in out.getvalue()
     assert recipe.cfg["data"]["mvtec_train_fraction"] == 0.5 and recipe.data.mvtec_train_fraction == 0.5
     stats = gather(recipe.data)
     assert stats.train_counts == {"crack": 4, "dent": 4, "good": 25}  # half of every test class, good parts too
@@ -337,6 +340,32 @@ def test_an_mvtec_category_lends_test_images_to_train_so_the_classifier_sees_def
     again = recipe_config(QuickstartOptions(data=base, folds=0), base, tmp_path / "train2", io.StringIO(),
                           seconds_per_image=lambda side: 1e-5)
     assert "mvtec_train_fraction" not in again.cfg["data"]
+
+
+def test_an_anomaly_set_whose_good_parts_are_called_ok_is_read_as_mvtec_and_lends_test_images(synth_data, tmp_path):
+    """BTAD's shape: 01/train/ok/, 01/test/{ok,ko}/, 01/ground_truth/ko/. Read as an ImageFolder
+    (before), its training split held no defect at all."""
+    import io
+
+    from dtrain.quickstart import QuickstartOptions, recipe_config
+
+    root = tmp_path / "btad"
+    base = root / "01"
+    for sub, (split, cls, n) in {"train/ok": ("train", "ok", 20), "test/ok": ("test", "ok", 10),
+                                 "test/ko": ("test", "crack", 8)}.items():
+        (base / sub).mkdir(parents=True)
+        for p in sorted((synth_data / split / cls).glob("*.png"))[:n]:
+            shutil.copy(p, base / sub / p.name)
+    assert detect_layout(base) == {"layout": "mvtec"}
+    with pytest.raises(DtrainError, match="several MVTec categories"):  # its three products: say which
+        (root / "02" / "train" / "ok").mkdir(parents=True)
+        (root / "02" / "test").mkdir()
+        assert detect_layout(root) == {"layout": "mvtec"}
+        scan(DataConfig(root=str(root), layout="mvtec"), "train")
+    recipe = recipe_config(QuickstartOptions(data=base, folds=0), base, tmp_path / "train", io.StringIO(),
+                           seconds_per_image=lambda side: 1e-5)
+    assert recipe.cfg["data"]["mvtec_train_fraction"] == 0.5
+    assert gather(recipe.data).train_counts == {"ko": 4, "ok": 25}
 
 
 def test_the_views_are_priced_at_the_scoring_cost_or_a_third_of_a_given_training_cost(synth_data, tmp_path):

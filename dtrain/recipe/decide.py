@@ -462,9 +462,9 @@ def lend_test_images(layout: dict[str, Any], stats: DataStats) -> Decision | Non
         return None
     return Decision(
         "data.mvtec_train_fraction", MVTEC_LEND,
-        f"MVTec-AD's train/ holds only {stats.negative_class} parts (its protocol is for anomaly detection), and a "
+        f"train/ holds only {stats.negative_class} parts (MVTec-AD's layout, made for anomaly detection), and a "
         f"classifier learns a defect only from examples of it: {MVTEC_LEND:.0%} of every test class is lent to train, "
-        "the rest cut into val and test; the figures are then on that rest, not comparable with MVTec's published "
+        "the rest cut into val and test; the figures are then on that rest, not comparable with published "
         "anomaly-detection results",
     )
 

@@ -104,10 +104,10 @@ def detect_layout(root: Path) -> dict[str, Any]:
         return {"layout": "masklabels"}
     if (table := _label_table(root)) is not None:
         return table
-    mvtec_like = (root / "train" / "good").is_dir()  # train/ + test/ alone is MVTec's shape when train/ holds good/
+    mvtec_like = _anomaly_shaped(root)  # train/ + test/ alone is MVTec's shape when train/ holds good parts only
     if (root / "train").is_dir() and (_val_folder(root) or ((root / "test").is_dir() and not mvtec_like)):
         return {"layout": "imagefolder", **_split_folders(root)}
-    if (root / "train" / "good").is_dir() or any((d / "train" / "good").is_dir() for d in root.iterdir() if d.is_dir()):
+    if mvtec_like or any(_anomaly_shaped(d) for d in root.iterdir() if d.is_dir()):
         return {"layout": "mvtec"}
     if len(class_folders_with_images(root)) >= 2:
         return {"layout": "classfolders"}
@@ -129,6 +129,25 @@ def detect_layout(root: Path) -> dict[str, Any]:
         "class folders (one folder of images per class, at least two)",
         "lay the images out as ROOT/{train,val,test}/<class>/*.png, or ROOT/<class>/* to have them split for you",
     )
+
+
+def _anomaly_shaped(base: Path) -> bool:
+    """MVTec-AD's shape, as anomaly-detection sets ship it: base/train/ holds good parts only
+    (a `good/` folder, or one folder named as defect-free beside a test/ folder: BTAD's
+    `train/ok/` with `test/ok/` and `test/ko/`). Read as an ImageFolder, such a set would
+    train on no defect at all; the mvtec layout lends test images to train
+    (decide.lend_test_images)."""
+    from dtrain.data.layouts import NEGATIVE_SYNONYMS, says_defect_free
+    from dtrain.data.masks import hidden_or_debris
+
+    train = base / "train"
+    if not train.is_dir():
+        return False
+    names = [d.name for d in train.iterdir() if d.is_dir() and not hidden_or_debris(d.name)]
+    if "good" in names:
+        return True
+    return (len(names) == 1 and (base / "test").is_dir()
+            and (names[0].lower() in NEGATIVE_SYNONYMS or says_defect_free(names[0])))
 
 
 def _test_split(cfg: DataConfig) -> Listing | None:
