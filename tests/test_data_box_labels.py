@@ -135,3 +135,110 @@ def test_quickstart_trains_a_yolo_export_with_its_boxes_as_masks(synth_data, dtr
     report = json.loads((work / "report.json").read_text())
     assert report["classes"] == ["defect", "ok"] and report["negative_class"] == "ok", report
     assert report["n_defective"] == test_defects and report["n_missed"] is not None, sorted(report)
+
+
+# ---- COCO JSON (CVAT, Label Studio, Roboflow exports) ---------------------------------------------
+
+
+def _coco(path: Path, images: list[tuple[str, int, int]], anns: list[dict]) -> Path:
+    """images: (file_name, width, height), ids 1.. in order; anns: {"image": index, ...COCO fields}."""
+    doc = {"images": [{"id": i + 1, "file_name": n, "width": w, "height": h} for i, (n, w, h) in enumerate(images)],
+           "annotations": [{"id": k + 1, "image_id": a.pop("image") + 1, "category_id": 1, **a}
+                           for k, a in enumerate(dict(a) for a in anns)],
+           "categories": [{"id": 1, "name": "scratch"}]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_roboflow_coco_export_is_labelled_by_its_json(tmp_path):
+    """SPLIT/_annotations.coco.json beside SPLIT's photos: a box or a polygon is a defect; an image
+    listed with no annotation is a good part."""
+    truth = {}
+    for split, n in (("train", 10), ("valid", 5), ("test", 5)):
+        names, anns = [], []
+        for i in range(n):
+            _photo(tmp_path / split / f"p{i}.jpg", 10 * len(split) + i)
+            names.append((f"p{i}.jpg", 40, 30))
+            if i % 3 == 0:
+                anns.append({"image": i, "bbox": [4, 5, 10, 6]})
+            elif i % 3 == 1 and i > 5:
+                anns.append({"image": i, "bbox": [0, 0, 8, 8], "segmentation": [[1, 1, 7, 1, 7, 7, 1, 7]]})
+            truth[str(tmp_path / split / f"p{i}.jpg")] = i % 3 == 0 or (i % 3 == 1 and i > 5)
+        _coco(tmp_path / split / "_annotations.coco.json", names, anns)
+    assert detect_layout(tmp_path) == {"layout": "masklabels", "val_split": "valid"}
+    assert _labels(_config(tmp_path)) == truth
+
+
+def test_cvat_coco_boxes_and_polygons_land_where_their_pixels_are(tmp_path):
+    """images/ beside annotations/instances_default.json, no split folders: carved for you; the
+    mask is the box's pixels (COCO's [x, y, w, h] edges) or the filled polygon."""
+    from dtrain.data import mask_targets
+
+    names = []
+    for i in range(12):
+        _photo(tmp_path / "images" / f"{i}.png", i)
+        names.append((f"images/{i}.png", 40, 30))  # CVAT writes the folder it saw
+    anns = [{"image": i, "bbox": [20, 4, 20, 12]} for i in range(0, 12, 2)]
+    anns.append({"image": 1, "bbox": [0, 0, 10, 10], "segmentation": [[2, 2, 8, 2, 8, 6, 2, 6]]})
+    _coco(tmp_path / "annotations" / "instances_default.json", names, anns)
+    assert detect_layout(tmp_path) == {"layout": "masklabels"}
+    labels = _labels(_config(tmp_path))
+    assert labels == {str(tmp_path / "images" / f"{i}.png"): i % 2 == 0 or i == 1 for i in range(12)}
+    masks = mask_targets.mask_files([str(tmp_path / "images" / "0.png"), str(tmp_path / "images" / "1.png")])
+    box = mask_targets.read_mask(masks[0], (30, 40), (30, 40))[0].numpy() > 0
+    want = np.zeros((30, 40), bool)
+    want[4:16, 20:40] = True
+    assert np.array_equal(box, want)
+    polygon = mask_targets.read_mask(masks[1], (30, 40), (30, 40))[0].numpy() > 0
+    assert polygon[3:6, 3:8].all() and not polygon[8:, :].any() and not polygon[:, 10:].any()
+
+
+@pytest.mark.parametrize("text", [
+    '{"images": [{"id": 1, "file_name": "a.png", "width": 40, "height": 30}], "annotations": [{"image_id": 9, '
+    '"bbox": [1, 1, 2, 2]}]}',  # an annotation of no listed image
+    '{"images": [{"id": 1, "file_name": "a.png"}], "annotations": []}',  # no size: shares cannot be made
+    '{"classes": ["ok", "scratch"], "counts": {}}',  # JSON, not COCO (dtrain data synth's manifest)
+    '{"images": [', "[" * 100000 + "]" * 100000,  # damaged; nested past the parser
+])
+def test_json_that_is_not_a_readable_coco_file_labels_nothing(tmp_path, text):
+    from dtrain.data import mask_targets
+
+    photo = tmp_path / "images" / "a.png"
+    _photo(photo, 0)
+    (tmp_path / "annotations").mkdir()
+    (tmp_path / "annotations" / "instances.json").write_text(text)
+    assert mask_targets.mask_files([str(photo)]) == [None]
+
+
+def test_two_images_of_one_name_are_told_apart_by_their_folders(tmp_path):
+    from dtrain.data import boxes, coco
+
+    for split in ("train", "val"):
+        _photo(tmp_path / "images" / split / "x.png", len(split))
+    listing = _coco(tmp_path / "result.json", [("images/train/x.png", 40, 30), ("images/val/x.png", 40, 30)],
+                    [{"image": 1, "bbox": [1, 1, 5, 5]}])
+    train, val = (coco.find(tmp_path / "images" / s / "x.png", listing) for s in ("train", "val"))
+    assert (boxes.marks(train), boxes.marks(val)) == (False, True)
+    assert coco.find(tmp_path / "elsewhere" / "x.png", listing) is None  # neither path: not guessed
+
+
+def test_a_k_fold_run_writes_a_coco_entry_as_the_photos_own_box_file(tmp_path):
+    """A COCO entry is no file to link beside the photo's link: its boxes are written there."""
+    from dtrain.data import mask_targets
+    from dtrain.recipe.folds import link_split
+
+    photo = tmp_path / "set" / "a.png"
+    _photo(photo, 0)
+    _coco(tmp_path / "set" / "_annotations.coco.json", [("a.png", 40, 30)], [{"image": 0, "bbox": [20, 4, 20, 12]}])
+    ref = mask_targets.mask_files([str(photo)])[0]
+    link_split(tmp_path / "folds", "train", ["defect", "ok"], [str(photo)], [0], masks=[ref])
+    linked = tmp_path / "folds" / "train" / "defect" / "000000_a.png"
+    paired = mask_targets.mask_files([str(linked)])[0]
+    assert paired == str(linked.with_name("000000_a_mask.txt"))
+    same = [mask_targets.read_mask(m, (30, 40), (30, 40)) for m in (ref, paired)]
+    assert torch_equal(*same) and same[0].any()
+
+
+def torch_equal(a, b) -> bool:
+    return bool((a == b).all())

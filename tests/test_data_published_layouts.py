@@ -173,14 +173,17 @@ def test_a_class_named_images_beside_other_classes_is_a_class(tmp_path):
     assert train.classes == ["images", "ok", "scratch"] and sorted(set(train.targets)) == [0, 1, 2]
 
 
-def test_a_detection_set_in_a_format_not_read_is_refused_with_what_to_do(tmp_path):
-    """Flat images/ beside labels/ holding no box file dtrain reads (COCO's one JSON): boxes, not
-    classes, and no label per photo (YOLO and VOC ones are: tests/test_data_box_labels.py)."""
+def test_a_detection_set_whose_labels_name_none_of_its_photos_is_refused_with_what_to_do(tmp_path):
+    """Flat images/ beside labels/ whose files label none of these photos (a COCO file of other
+    images, a .txt of notes): boxes, not classes, and no label per photo (the formats that are
+    read: tests/test_data_box_labels.py)."""
     root = tmp_path / "coco"
     for i in range(3):
         _photo(root / "train" / "images" / f"{i}.jpg", seed=i)
     (root / "train" / "labels").mkdir(parents=True, exist_ok=True)
-    (root / "train" / "labels" / "instances.json").write_text('{"images": [], "annotations": []}')
+    (root / "train" / "labels" / "instances.json").write_text(
+        '{"images": [{"id": 1, "file_name": "other.jpg", "width": 8, "height": 8}], "annotations": []}')
+    (root / "train" / "labels" / "0.txt").write_text("scratch near the rim\n")
     _photo(root / "valid" / "images" / "9.jpg", seed=9)
     cfg = DataConfig(root=str(root), image_size=32, **detect_layout(root))
 
@@ -188,7 +191,7 @@ def test_a_detection_set_in_a_format_not_read_is_refused_with_what_to_do(tmp_pat
         scan(cfg, cfg.train_split)
 
     assert "holds images/ and labels/: a detection or segmentation data set" in err.value.message
-    assert "COCO .json is not read" in err.value.message and "one folder per class" in err.value.hint
+    assert "an entry in a COCO .json" in err.value.message and "one folder per class" in err.value.hint
 
 
 def test_images_loose_in_the_folder_get_their_name_prefixes_named_as_a_way_out(tmp_path):

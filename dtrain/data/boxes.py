@@ -13,7 +13,8 @@ Read here:
   as the format's tools write them), scaled by the photo's own size when `<size>` says
   another (a set resized after labelling), taken as the photo's own pixels without one;
 - YOLO: a line per object, `class cx cy w h` as shares of the photo's side, or
-  `class x1 y1 x2 y2 ...` for a polygon (YOLO segmentation exports), filled.
+  `class x1 y1 x2 y2 ...` for a polygon (YOLO segmentation exports), filled;
+- COCO: a photo's entry in a COCO JSON file (dtrain.data.coco), its boxes and polygons.
 
 A file that is neither (a `.txt` of notes beside a photo, a damaged XML) is not a box file:
 `readable` says so once, and the photo keeps no mask rather than a wrong one. Files are
@@ -25,10 +26,13 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from dtrain.data import coco
 
 if TYPE_CHECKING:  # torch only where a mask is drawn: the data layouts label photos by box files without it
     import torch
@@ -36,6 +40,8 @@ if TYPE_CHECKING:  # torch only where a mask is drawn: the data layouts label ph
 BOX_EXTENSIONS = (".xml", ".txt")
 # A box file of a thousand objects is ~200 kB: anything larger is not one.
 MAX_BYTES = 1 << 20
+# Pixels by which a box edge may miss a pixel's edge and still be taken as on it.
+EDGE_SLACK = 1e-3
 
 
 @dataclass(frozen=True)
@@ -54,41 +60,51 @@ class Shapes:
 
 
 def is_box_file(path: str | Path) -> bool:
-    return Path(path).suffix.lower() in BOX_EXTENSIONS
+    """A VOC or YOLO file by its name, or a photo's entry in a COCO file (dtrain.data.coco)."""
+    return coco.is_ref(path) or Path(path).suffix.lower() in BOX_EXTENSIONS
 
 
 def readable(path: str | Path) -> bool:
-    """Whether `path` is a VOC or YOLO file that this module reads (an empty one is: it
-    marks nothing)."""
-    p = Path(path)
-    try:
-        st = p.stat()
-    except OSError:
-        return False
-    return _parse(str(p), st.st_mtime_ns, st.st_size) is not None
+    """Whether `path` is a VOC or YOLO file (or COCO entry) that this module reads (an empty
+    one is: it marks nothing)."""
+    return _shapes(path) is not None
 
 
 def marks(path: str | Path) -> bool | None:
     """Whether box file `path` marks a defect (one box or polygon at least); None when it is
     not a box file this module reads. The data layouts label a photo by it (masklabels)."""
-    p = Path(path)
-    try:
-        st = p.stat()
-    except OSError:
-        return None
-    shapes = _parse(str(p), st.st_mtime_ns, st.st_size)
+    shapes = _shapes(path)
     return None if shapes is None else bool(shapes)
 
 
 def read_shapes(path: str | Path) -> Shapes:
     """The shapes a box file marks. Raises ValueError when it is not a box file this module
-    reads, OSError when it cannot be opened."""
-    p = Path(path)
-    st = p.stat()
-    shapes = _parse(str(p), st.st_mtime_ns, st.st_size)
+    reads."""
+    shapes = _shapes(path)
     if shapes is None:
-        raise ValueError(f"{p.name} is not a Pascal VOC or YOLO box file")
+        what = "a COCO file that lists this image" if coco.is_ref(path) else "a Pascal VOC or YOLO box file"
+        raise ValueError(f"{Path(str(path)).name} is not {what}")
     return shapes
+
+
+def as_yolo(shapes: Shapes) -> str:
+    """`shapes` as a YOLO text file (class 0): what a k-fold run writes beside a photo's link
+    when the photo's boxes live in a COCO file, which cannot be linked per photo. Boxes in
+    pixels (a VOC file without a size) cannot be written as shares: the caller links those."""
+    lines = [f"0 {(x0 + x1) / 2:.6f} {(y0 + y1) / 2:.6f} {x1 - x0:.6f} {y1 - y0:.6f}" for x0, y0, x1, y1 in shapes.boxes]
+    lines += ["0 " + " ".join(f"{x:.6f} {y:.6f}" for x, y in polygon) for polygon in shapes.polygons]
+    return "".join(line + "\n" for line in lines)
+
+
+def _shapes(path: str | Path) -> Shapes | None:
+    if coco.is_ref(path):
+        entry = coco.entry_of(path)
+        return None if entry is None else Shapes(entry.boxes, entry.polygons)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return _parse(str(path), st.st_mtime_ns, st.st_size)
 
 
 def rasterise(shapes: Shapes, height: int, width: int) -> torch.Tensor:
@@ -105,8 +121,9 @@ def rasterise(shapes: Shapes, height: int, width: int) -> torch.Tensor:
     out = torch.frombuffer(bytearray(canvas.tobytes()), dtype=torch.uint8).view(1, height, width)
     pixels = [(x0 * width, y0 * height, x1 * width, y1 * height) for x0, y0, x1, y1 in shapes.boxes]
     for x0, y0, x1, y1 in pixels + list(shapes.pixel_boxes):
-        c0, c1 = max(math.floor(x0), 0), min(math.ceil(x1), width)
-        r0, r1 = max(math.floor(y0), 0), min(math.ceil(y1), height)
+        # shares written to 6 decimals (YOLO files) land a hair off a pixel's edge: not a pixel more
+        c0, c1 = max(math.floor(x0 + EDGE_SLACK), 0), min(math.ceil(x1 - EDGE_SLACK), width)
+        r0, r1 = max(math.floor(y0 + EDGE_SLACK), 0), min(math.ceil(y1 - EDGE_SLACK), height)
         out[:, r0:r1, c0:c1] = 1
     return out
 

@@ -238,8 +238,8 @@ def class_root(folder: Path) -> Path:
     if beside and any(p.suffix.lower() in IMAGE_EXTENSIONS for p in inner.iterdir()):
         raise DtrainError(
             f"{folder} holds {inner.name}/ and {beside[0]}/: a detection or segmentation data set (the defects' places "
-            "in label files), not one folder of images per class, and none of its photos has a label file dtrain "
-            "reads (mask images, Pascal VOC .xml or YOLO .txt named as the photo; COCO .json is not read)",
+            "in label files), not one folder of images per class, and none of its photos has a label dtrain reads "
+            "(a mask image, Pascal VOC .xml or YOLO .txt named as the photo, or an entry in a COCO .json)",
             "dtrain trains a classifier of whole parts: sort the images into one folder per class "
             f"({folder}/<class>/*), give each photo a mask or box file, or pass --data the folder that holds them",
         )

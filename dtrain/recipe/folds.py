@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dtrain.data import boxes, coco
 from dtrain.data.masks import MASK_SUFFIXES
 from dtrain.evaluation.metrics import min_defective_for_target
 
@@ -100,7 +101,8 @@ def link_split(root: Path, split: str, classes: list[str], paths: list[str], tar
     image's mask file (mask_targets.mask_files) or None, linked beside the image's link as
     `<its stem>_mask<ext>`, the name the data layer pairs (data/masks.py): the fold runs of a
     recipe with mask_loss learn from the same pixel labels as the final run. Without the
-    links a fold's photos, found in a folder of links, had no mask."""
+    links a fold's photos, found in a folder of links, had no mask. A photo's entry in a
+    COCO file has no file to link: its boxes are written there as a YOLO text file."""
     for name in classes:
         (root / split / name).mkdir(parents=True, exist_ok=True)
     for n, (path, t) in enumerate(zip(paths, targets)):
@@ -108,5 +110,7 @@ def link_split(root: Path, split: str, classes: list[str], paths: list[str], tar
         link = root / split / classes[t] / f"{n:06d}_{Path(path).name}"
         os.symlink(os.path.abspath(path), link)
         mask = masks[n] if masks is not None else None
-        if mask is not None:
+        if mask is not None and coco.is_ref(mask):  # an entry of a COCO file: written out as the photo's own box file
+            link.with_name(f"{link.stem}{MASK_LINK_SUFFIX}.txt").write_text(boxes.as_yolo(boxes.read_shapes(mask)))
+        elif mask is not None:
             os.symlink(os.path.abspath(mask), link.with_name(f"{link.stem}{MASK_LINK_SUFFIX}{Path(mask).suffix}"))
