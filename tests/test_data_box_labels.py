@@ -242,3 +242,67 @@ def test_a_k_fold_run_writes_a_coco_entry_as_the_photos_own_box_file(tmp_path):
 
 def torch_equal(a, b) -> bool:
     return bool((a == b).all())
+
+
+# ---- LabelMe JSON beside each photo ----------------------------------------------------------------
+
+
+def _labelme(path: Path, shapes: list[dict], size=(40, 30), image_data: str | None = None) -> Path:
+    path.write_text(json.dumps({"version": "5.2.1", "flags": {}, "shapes": shapes, "imagePath": f"{path.stem}.png",
+                                "imageData": image_data, "imageWidth": size[0], "imageHeight": size[1]}))
+    return path
+
+
+def test_labelme_shapes_land_where_their_points_are(tmp_path):
+    """A rectangle fills its box, a polygon its outline; a line keeps a width; a photo whose file
+    embeds the photo itself (imageData) is read too."""
+    from dtrain.data import boxes
+
+    photo = tmp_path / "a.png"
+    _photo(photo, 0)
+    rect = _labelme(tmp_path / "r.json", [{"label": "dent", "shape_type": "rectangle", "points": [[30, 16], [20, 4]]}],
+                    image_data="iVBORw0KGgo" * 200_000)
+    want = np.zeros((30, 40), bool)
+    want[4:16, 20:30] = True
+    assert np.array_equal(boxes.rasterise(boxes.read_shapes(rect), 30, 40)[0].numpy() > 0, want)
+    poly = _labelme(tmp_path / "p.json", [{"label": "pit", "shape_type": "polygon",
+                                          "points": [[2, 2], [12, 2], [12, 8], [2, 8]]}])
+    marked = boxes.rasterise(boxes.read_shapes(poly), 30, 40)[0].numpy() > 0
+    assert marked[3:8, 3:12].all() and not marked[10:].any() and not marked[:, 14:].any()
+    line = _labelme(tmp_path / "l.json", [{"label": "scratch", "shape_type": "linestrip",
+                                          "points": [[5, 20], [35, 20]]}])
+    rows = np.nonzero((boxes.rasterise(boxes.read_shapes(line), 30, 40)[0].numpy() > 0).any(axis=1))[0]
+    assert list(rows) == [19, 20]  # a horizontal line: two rows, not none
+    circle = _labelme(tmp_path / "c.json", [{"label": "pit", "shape_type": "circle", "points": [[20, 15], [25, 15]]}])
+    disc = boxes.rasterise(boxes.read_shapes(circle), 30, 40)[0].numpy() > 0
+    assert disc[15, 16:24].all() and not disc[15, 27:].any() and not disc[:9].any()
+
+
+@pytest.mark.parametrize("text", [
+    '{"camera": "acA2440", "exposure_us": 800}',  # a camera's metadata beside the photo
+    '{"shapes": [{"shape_type": "polygon", "points": [[1, 1], [2]]}], "imageWidth": 40, "imageHeight": 30}',
+    '{"shapes": [], "imageWidth": 0, "imageHeight": 30}', '{"shapes": ',
+])
+def test_json_beside_a_photo_that_is_not_labelme_gives_no_mask(tmp_path, text):
+    from dtrain.data import mask_targets
+
+    photo = tmp_path / "dent" / "a.png"
+    _photo(photo, 0)
+    (tmp_path / "dent" / "a.json").write_text(text)
+    assert mask_targets.mask_files([str(photo)]) == [None]
+
+
+def test_a_labelme_labelled_folder_is_labelled_by_its_shapes(tmp_path):
+    """Photos beside their LabelMe files, loose in train/ and test/: a shape is a defect; a file
+    with no shape, or none, is a good part."""
+    truth = {}
+    for split in ("train", "test"):
+        for i in range(12):
+            photo = tmp_path / split / f"{i:03d}.png"
+            _photo(photo, 10 * len(split) + i)
+            if i % 4 != 3:
+                shapes = [{"label": "crack", "shape_type": "polygon", "points": [[2, 2], [9, 3], [5, 9]]}] if i % 4 == 0 else []
+                _labelme(photo.with_suffix(".json"), shapes)
+            truth[str(photo)] = i % 4 == 0
+    assert detect_layout(tmp_path) == {"layout": "masklabels", "val_from_train": 0.25}
+    assert _labels(_config(tmp_path)) == truth

@@ -1,4 +1,4 @@
-"""Defect boxes as coarse masks: Pascal VOC XML and YOLO text files beside the photos.
+"""Defect boxes and outlines as masks: Pascal VOC, YOLO, LabelMe and COCO labels of the photos.
 
 Why: many public defect sets mark where each defect lies with boxes, not pixel masks
 (NEU-DET: `train/images/<class>/crazing_1.jpg` beside `train/annotations/crazing_1.xml`;
@@ -14,17 +14,23 @@ Read here:
   another (a set resized after labelling), taken as the photo's own pixels without one;
 - YOLO: a line per object, `class cx cy w h` as shares of the photo's side, or
   `class x1 y1 x2 y2 ...` for a polygon (YOLO segmentation exports), filled;
+- LabelMe: a JSON file beside the photo, `{"shapes": [{"shape_type", "points"}], "imageWidth",
+  "imageHeight"}` in pixels: polygons filled, rectangles as boxes, circles as 24-gons, and
+  lines, points and anything else as the box around their points, padded by a pixel (a
+  scratch drawn as a line keeps a width);
 - COCO: a photo's entry in a COCO JSON file (dtrain.data.coco), its boxes and polygons.
 
-A file that is neither (a `.txt` of notes beside a photo, a damaged XML) is not a box file:
+A file that is none of these (a `.txt` of notes beside a photo, a damaged XML, a camera's
+JSON metadata) is not a box file:
 `readable` says so once, and the photo keeps no mask rather than a wrong one. Files are
 read through ElementTree, which never fetches external entities; expat (>= 2.4) refuses
-entity expansion bombs, and files over MAX_BYTES are not opened.
+entity expansion bombs, and files over MAX_BYTES (JSON_MAX_BYTES for LabelMe's) are not opened.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import xml.etree.ElementTree as ET
@@ -37,9 +43,13 @@ from dtrain.data import coco
 if TYPE_CHECKING:  # torch only where a mask is drawn: the data layouts label photos by box files without it
     import torch
 
-BOX_EXTENSIONS = (".xml", ".txt")
+BOX_EXTENSIONS = (".xml", ".txt", ".json")
 # A box file of a thousand objects is ~200 kB: anything larger is not one.
 MAX_BYTES = 1 << 20
+# LabelMe may embed the photo itself (base64 `imageData`): a 20 MP PNG is ~40 MB of it.
+JSON_MAX_BYTES = 64 << 20
+# A LabelMe circle is filled as a polygon of this many corners.
+CIRCLE_CORNERS = 24
 # Pixels by which a box edge may miss a pixel's edge and still be taken as on it.
 EDGE_SLACK = 1e-3
 
@@ -131,15 +141,18 @@ def rasterise(shapes: Shapes, height: int, width: int) -> torch.Tensor:
 @functools.lru_cache(maxsize=65536)
 def _parse(path: str, _mtime_ns: int, size: int) -> Shapes | None:
     """Keyed by the file's time and size, as dtrain.data.masks caches: every rank and epoch asks again."""
-    if size > MAX_BYTES:
+    cap = JSON_MAX_BYTES if path.lower().endswith(".json") else MAX_BYTES
+    if size > cap:
         return None
     try:
         with open(path, "rb") as f:
-            data = f.read(MAX_BYTES + 1)
+            data = f.read(cap + 1)
     except OSError:
         return None
     if path.lower().endswith(".xml"):
         return _voc(data)
+    if path.lower().endswith(".json"):
+        return _labelme(data)
     return _yolo(data)
 
 
@@ -171,6 +184,41 @@ def _number(node: ET.Element, path: str) -> float | None:
         return float(found.text) if found is not None and found.text else None
     except ValueError:
         return None
+
+
+def _labelme(data: bytes) -> Shapes | None:
+    if b'"shapes"' not in data:  # a COCO file of 100 MB beside the photos is not parsed twice
+        return None
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("shapes"), list):
+        return None  # another JSON beside the photo (a camera's metadata, a COCO file): not LabelMe
+    width, height = coco.finite(doc.get("imageWidth")), coco.finite(doc.get("imageHeight"))
+    if not (width and height and width > 0 and height > 0):
+        return None
+    found, polygons = [], []
+    for shape in doc["shapes"]:
+        points = shape.get("points") if isinstance(shape, dict) else None
+        corners = [(coco.finite(p[0]), coco.finite(p[1])) for p in points if isinstance(p, list) and len(p) == 2] \
+            if isinstance(points, list) else []
+        if not corners or len(corners) != len(points) or any(None in c for c in corners):
+            return None  # a shape without readable points: a damaged file, not guessed at
+        xs, ys = [x / width for x, _ in corners], [y / height for _, y in corners]  # type: ignore[operator]
+        kind = shape.get("shape_type") or "polygon"
+        if kind == "polygon" and len(corners) >= 3:
+            polygons.append(tuple(zip(xs, ys)))
+        elif kind == "rectangle" and len(corners) == 2:
+            found.append((min(xs), min(ys), max(xs), max(ys)))
+        elif kind == "circle" and len(corners) == 2:
+            (cx, cy), (px, py) = corners
+            r = math.hypot(px - cx, py - cy)  # type: ignore[operator]
+            polygons.append(tuple(((cx + r * math.cos(a)) / width, (cy + r * math.sin(a)) / height)  # type: ignore[operator]
+                                  for a in (2 * math.pi * k / CIRCLE_CORNERS for k in range(CIRCLE_CORNERS))))
+        else:  # line, linestrip, point, a mask's bbox: the box around the points, a pixel wider each way
+            found.append((min(xs) - 1 / width, min(ys) - 1 / height, max(xs) + 1 / width, max(ys) + 1 / height))
+    return Shapes(tuple(found), tuple(polygons))
 
 
 def _yolo(data: bytes) -> Shapes | None:

@@ -106,7 +106,7 @@ def _index(path: str, _mtime_ns: int, size: int) -> dict[str, tuple[Entry, ...]]
     for image in doc["images"]:
         if not isinstance(image, dict) or not isinstance(image.get("file_name"), str):
             return None
-        width, height = _number(image.get("width")), _number(image.get("height"))
+        width, height = finite(image.get("width")), finite(image.get("height"))
         key = _hashable(image.get("id"))
         if key is None or not (width and height and width > 0 and height > 0):
             return None  # shares need the size it was labelled at: every exporter writes it, and an id
@@ -122,7 +122,7 @@ def _index(path: str, _mtime_ns: int, size: int) -> dict[str, tuple[Entry, ...]]
             polygons.extend(shapes)
             continue
         box = ann.get("bbox")
-        corners = [_number(v) for v in box] if isinstance(box, list) and len(box) == 4 else None
+        corners = [finite(v) for v in box] if isinstance(box, list) and len(box) == 4 else None
         if corners is None or None in corners:
             return None
         x, y, w, h = corners  # type: ignore[misc]
@@ -140,14 +140,15 @@ def _polygons(seg: object, width: float, height: float) -> list[tuple[tuple[floa
         return []
     out = []
     for ring in seg:
-        values = [_number(v) for v in ring] if isinstance(ring, list) else [None]
+        values = [finite(v) for v in ring] if isinstance(ring, list) else [None]
         if None in values or len(values) < 6 or len(values) % 2:
             return []  # not a polygon this reads: the bbox stands for it
         out.append(tuple((x / width, y / height) for x, y in zip(values[0::2], values[1::2])))  # type: ignore[operator]
     return out
 
 
-def _number(v: object) -> float | None:
+def finite(v: object) -> float | None:
+    """A JSON number as a float; None for anything else (true, a string, NaN, an infinity)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         return None
     return float(v)
