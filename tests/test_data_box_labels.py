@@ -101,16 +101,16 @@ def test_a_voc_set_with_image_sets_is_labelled_by_its_annotations_and_split_for_
     assert _labels(_config(tmp_path)) == truth
 
 
-def test_a_detection_set_whose_every_photo_holds_a_defect_is_refused_with_what_to_do(tmp_path):
-    """NEU-DET or GC10-DET as a YOLO export: no good part, so no miss rate and nothing to tell apart."""
+def test_a_detection_set_whose_every_photo_holds_a_box_of_one_class_is_refused_with_what_to_do(tmp_path):
+    """No good part and one defect type: nothing to tell apart (several types: boxclasses, below)."""
     for i in range(6):
         _photo(tmp_path / "train" / "images" / f"{i}.jpg", i)
         _label(tmp_path / "train" / "labels" / f"{i}.txt", BOX)
     cfg = _config(tmp_path)
     with pytest.raises(DtrainError) as err:
         scan(cfg, cfg.train_split)
-    assert "every training photo" in err.value.message and "no good part" in err.value.message
-    assert "one folder per defect type" in err.value.hint
+    assert "every training photo" in err.value.message and "all of one class (0)" in err.value.message
+    assert "add photos of good parts" in err.value.hint and "data.yaml" in err.value.hint
 
 
 def test_quickstart_trains_a_yolo_export_with_its_boxes_as_masks(synth_data, dtrain_cmd, tmp_path):
@@ -306,3 +306,95 @@ def test_a_labelme_labelled_folder_is_labelled_by_its_shapes(tmp_path):
             truth[str(photo)] = i % 4 == 0
     assert detect_layout(tmp_path) == {"layout": "masklabels", "val_from_train": 0.25}
     assert _labels(_config(tmp_path)) == truth
+
+
+# ---- detection sets without good parts: classes from the boxes ---------------------------------
+
+
+def test_a_yolo_export_without_good_parts_is_a_classifier_of_its_named_box_classes(tmp_path):
+    """NEU-DET as Roboflow exports it: every photo holds boxes, data.yaml names the numbers. A
+    photo with boxes of two types is the type that covers most of it."""
+    (tmp_path / "data.yaml").write_text("train: ../train/images\nval: ../valid/images\nnc: 3\n"
+                                        "names: ['crazing', 'inclusion', 'scratches']\n")
+    truth = {}
+    for split, n in (("train", 12), ("valid", 6)):
+        for i in range(n):
+            photo = tmp_path / split / "images" / f"{i}.jpg"
+            _photo(photo, 10 * len(split) + i)
+            kind = i % 3
+            # a small box of the next type beside a large one of its own
+            _label(tmp_path / split / "labels" / f"{i}.txt",
+                   f"{(kind + 1) % 3} 0.2 0.2 0.1 0.1\n{kind} 0.6 0.6 0.5 0.5\n")
+            truth[str(photo)] = ("crazing", "inclusion", "scratches")[kind]
+    unlabelled = tmp_path / "valid" / "images" / "blank.jpg"  # no type to learn: left out, with why
+    _photo(unlabelled, 99)
+    _label(tmp_path / "valid" / "labels" / "blank.txt", "")
+    fields = detect_layout(tmp_path)
+    assert fields == {"layout": "boxclasses", "test_split": "valid", "val_split": "val-from-train",
+                      "val_from_train": 0.25}
+    cfg = _config(tmp_path)
+    seen = {}
+    for split in (cfg.train_split, cfg.val_split, cfg.test_split):
+        listing = scan(cfg, split)
+        assert listing.classes == ["crazing", "inclusion", "scratches"] and listing.negative_index is None
+        seen.update({p: listing.classes[t] for p, t in zip(listing.paths, listing.targets)})
+    assert seen == truth
+    assert scan(cfg, "valid").left_out[str(unlabelled)] == "no defect type: its label file marks no defect"
+    from dtrain.recipe.decide import notes
+    from dtrain.recipe.stats import gather
+
+    said = " ".join(notes(gather(cfg)))
+    assert "1 photos left out of every split: a classifier of defect types learns nothing" in said, said
+    assert "ground-truth mask" not in said.replace("ground-truth folder", "")
+
+
+def test_coco_categories_voc_names_and_labelme_labels_name_the_classes(tmp_path):
+    """The other formats name their boxes themselves (COCO by category, its number where unnamed)."""
+    from dtrain.data import boxes
+
+    coco_dir, voc_dir, lm_dir = tmp_path / "coco", tmp_path / "voc", tmp_path / "labelme"
+    names = [(f"{i}.png", 40, 30) for i in range(8)]
+    for i in range(8):
+        _photo(coco_dir / f"{i}.png", i)
+    doc = _coco(coco_dir / "_annotations.coco.json", names, [{"image": i, "bbox": [2, 2, 9, 9]} for i in range(8)])
+    raw = json.loads(doc.read_text())
+    raw["categories"] = [{"id": 1, "name": "pit"}]
+    for k, ann in enumerate(raw["annotations"]):
+        ann["category_id"] = 1 if k % 2 else 2  # 2 is named nowhere: its number names it
+    doc.write_text(json.dumps(raw))
+    assert detect_layout(coco_dir) == {"layout": "boxclasses"}
+    cfg = _config(coco_dir)
+    listings = [scan(cfg, s) for s in (cfg.train_split, cfg.val_split, cfg.test_split)]
+    assert listings[0].classes == ["2", "pit"] and sum(len(x.paths) for x in listings) == 8
+    voc = tmp_path / "a.xml"
+    voc.write_text("<annotation><size><width>40</width><height>30</height></size>"
+                   "<object><name>dent</name><bndbox><xmin>1</xmin><ymin>1</ymin><xmax>4</xmax><ymax>4</ymax></bndbox>"
+                   "</object><object><name> scratch </name><bndbox><xmin>1</xmin><ymin>1</ymin><xmax>30</xmax>"
+                   "<ymax>3</ymax></bndbox></object></annotation>")
+    assert boxes.read_shapes(voc).main_label() == "scratch"  # 30 x 3 px over 4 x 4
+    lm_dir.mkdir()
+    lm = _labelme(lm_dir / "a.json", [{"label": "pit", "shape_type": "circle", "points": [[20, 15], [23, 15]]},
+                                      {"label": "stain", "shape_type": "polygon", "points": [[0, 0], [5, 0], [5, 5]]}])
+    assert boxes.read_shapes(lm).main_label() == "pit"  # pi 3^2 = 28 over 12.5
+
+
+def test_quickstart_trains_a_detection_set_without_good_parts_as_defect_types(synth_data, dtrain_cmd, tmp_path):
+    """synth_data's defective photos as a YOLO export whose data.yaml names the types: the recipe
+    finds no good part, trains a classifier of the types, with the boxes as masks."""
+    root = tmp_path / "export"
+    types = sorted(d.name for d in (synth_data / "train").iterdir() if d.name != "ok")
+    (root).mkdir()
+    (root / "data.yaml").write_text("names:\n" + "".join(f"  {i}: {t}\n" for i, t in enumerate(types)))
+    for split, to in (("train", "train"), ("val", "valid"), ("test", "test")):
+        for k, name in enumerate(types):
+            for src in sorted((synth_data / split / name).iterdir())[:12]:
+                dst = root / to / "images" / f"{name}_{src.stem}.png"
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(src, dst)
+                _label(root / to / "labels" / f"{dst.stem}.txt", f"{k} 0.5 0.5 0.33 0.33\n")
+    work = tmp_path / "qs"
+    proc = quickstart_data(dtrain_cmd, root, work, epochs=2)
+    assert "labels from the classes of the photos' boxes" in proc.stdout, proc.stdout
+    assert "recipe: mask_loss = 1.0" in proc.stdout
+    report = json.loads((work / "report.json").read_text())
+    assert report["classes"] == types and report["negative_class"] is None, report

@@ -154,7 +154,7 @@ def test_fresh_forgets_the_old_run_even_when_the_new_one_fails_before_training(t
         (data / "train" / "labels" / f"{i}.txt").write_text("0 0.5 0.5 0.2 0.2\n")
     proc = subprocess.run([*dtrain_cmd, "quickstart", "--data", str(data), "--workdir", str(work), "--fresh"],
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0 and "no good part to tell defects from" in proc.stderr, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.returncode != 0 and "no good part to tell a defect from" in proc.stderr, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "the run so far is kept" not in proc.stdout + proc.stderr
     assert resume.load(work) is None
 

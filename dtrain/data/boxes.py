@@ -64,9 +64,31 @@ class Shapes:
     boxes: tuple[tuple[float, float, float, float], ...] = ()
     polygons: tuple[tuple[tuple[float, float], ...], ...] = ()
     pixel_boxes: tuple[tuple[float, float, float, float], ...] = ()
+    # The class each shape was labelled with, in the order boxes, polygons, pixel_boxes: VOC's
+    # and LabelMe's names, COCO's category names, YOLO's class numbers (named by the layout).
+    labels: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.boxes or self.polygons or self.pixel_boxes)
+
+    def main_label(self) -> str | None:
+        """The label whose shapes cover the most of the photo (a box's area, a polygon's by the
+        shoelace formula), the first by name on a tie; None without shapes. What a photo of a
+        detection set without good parts is, as a defect type (data.layouts.boxclasses)."""
+        areas: dict[str, float] = {}
+        sizes = [*map(_box_area, self.boxes), *map(_polygon_area, self.polygons), *map(_box_area, self.pixel_boxes)]
+        for label, area in zip(self.labels, sizes):
+            areas[label] = areas.get(label, 0.0) + area
+        return max(sorted(areas), key=lambda k: areas[k]) if areas else None
+
+
+def _box_area(box: tuple[float, float, float, float]) -> float:
+    return abs(box[2] - box[0]) * abs(box[3] - box[1])
+
+
+def _polygon_area(corners: tuple[tuple[float, float], ...]) -> float:
+    xs, ys = [x for x, _ in corners], [y for _, y in corners]
+    return abs(sum(xs[i] * ys[i - 1] - xs[i - 1] * ys[i] for i in range(len(corners)))) / 2
 
 
 def is_box_file(path: str | Path) -> bool:
@@ -109,7 +131,7 @@ def as_yolo(shapes: Shapes) -> str:
 def _shapes(path: str | Path) -> Shapes | None:
     if coco.is_ref(path):
         entry = coco.entry_of(path)
-        return None if entry is None else Shapes(entry.boxes, entry.polygons)
+        return None if entry is None else Shapes(entry.boxes, entry.polygons, labels=entry.labels)
     try:
         st = os.stat(path)
     except OSError:
@@ -164,8 +186,9 @@ def _voc(data: bytes) -> Shapes | None:
     if root.tag.lower() != "annotation":
         return None
     width, height = _number(root, "size/width"), _number(root, "size/height")
-    edges = []
+    edges, labels = [], []
     for obj in root.iter("object"):
+        labels.append((obj.findtext("name") or "").strip())
         box = obj.find("bndbox")
         corners = None if box is None else [_number(box, k) for k in ("xmin", "ymin", "xmax", "ymax")]
         if corners is None or None in corners:
@@ -174,8 +197,9 @@ def _voc(data: bytes) -> Shapes | None:
         edges.append((x0 - 1, y0 - 1, x1, y1))  # 1-based inclusive pixels -> the edges they span
     if not (width and height):
         # Without <size> (or with a zero one, as some converters write) the pixels are the photo's own.
-        return Shapes(pixel_boxes=tuple(edges))
-    return Shapes(boxes=tuple((x0 / width, y0 / height, x1 / width, y1 / height) for x0, y0, x1, y1 in edges))
+        return Shapes(pixel_boxes=tuple(edges), labels=tuple(labels))
+    return Shapes(boxes=tuple((x0 / width, y0 / height, x1 / width, y1 / height) for x0, y0, x1, y1 in edges),
+                  labels=tuple(labels))
 
 
 def _number(node: ET.Element, path: str) -> float | None:
@@ -198,7 +222,7 @@ def _labelme(data: bytes) -> Shapes | None:
     width, height = coco.finite(doc.get("imageWidth")), coco.finite(doc.get("imageHeight"))
     if not (width and height and width > 0 and height > 0):
         return None
-    found, polygons = [], []
+    found, polygons, box_labels, polygon_labels = [], [], [], []
     for shape in doc["shapes"]:
         points = shape.get("points") if isinstance(shape, dict) else None
         corners = [(coco.finite(p[0]), coco.finite(p[1])) for p in points if isinstance(p, list) and len(p) == 2] \
@@ -207,18 +231,23 @@ def _labelme(data: bytes) -> Shapes | None:
             return None  # a shape without readable points: a damaged file, not guessed at
         xs, ys = [x / width for x, _ in corners], [y / height for _, y in corners]  # type: ignore[operator]
         kind = shape.get("shape_type") or "polygon"
+        label = str(shape.get("label") or "").strip()
         if kind == "polygon" and len(corners) >= 3:
             polygons.append(tuple(zip(xs, ys)))
-        elif kind == "rectangle" and len(corners) == 2:
-            found.append((min(xs), min(ys), max(xs), max(ys)))
+            polygon_labels.append(label)
         elif kind == "circle" and len(corners) == 2:
             (cx, cy), (px, py) = corners
             r = math.hypot(px - cx, py - cy)  # type: ignore[operator]
             polygons.append(tuple(((cx + r * math.cos(a)) / width, (cy + r * math.sin(a)) / height)  # type: ignore[operator]
                                   for a in (2 * math.pi * k / CIRCLE_CORNERS for k in range(CIRCLE_CORNERS))))
+            polygon_labels.append(label)
+        elif kind == "rectangle" and len(corners) == 2:
+            found.append((min(xs), min(ys), max(xs), max(ys)))
+            box_labels.append(label)
         else:  # line, linestrip, point, a mask's bbox: the box around the points, a pixel wider each way
             found.append((min(xs) - 1 / width, min(ys) - 1 / height, max(xs) + 1 / width, max(ys) + 1 / height))
-    return Shapes(tuple(found), tuple(polygons))
+            box_labels.append(label)
+    return Shapes(tuple(found), tuple(polygons), labels=(*box_labels, *polygon_labels))
 
 
 def _yolo(data: bytes) -> Shapes | None:
@@ -226,13 +255,13 @@ def _yolo(data: bytes) -> Shapes | None:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return None
-    found, polygons = [], []
+    found, polygons, box_labels, polygon_labels = [], [], [], []
     for line in text.splitlines():
         fields = line.split()
         if not fields:
             continue
         try:
-            int(fields[0])
+            number = str(int(fields[0]))  # the class number: data.layouts names it from the set's names file
             values = [float(v) for v in fields[1:]]
         except ValueError:
             return None
@@ -241,8 +270,10 @@ def _yolo(data: bytes) -> Shapes | None:
         if len(values) == 4:
             cx, cy, w, h = values
             found.append((cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2))
+            box_labels.append(number)
         elif len(values) >= 6 and len(values) % 2 == 0:
             polygons.append(tuple(zip(values[0::2], values[1::2])))
+            polygon_labels.append(number)
         else:
             return None
-    return Shapes(tuple(found), tuple(polygons))
+    return Shapes(tuple(found), tuple(polygons), labels=(*box_labels, *polygon_labels))

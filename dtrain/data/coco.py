@@ -36,12 +36,13 @@ MAX_BYTES = 256 << 20
 
 @dataclass(frozen=True)
 class Entry:
-    """One listed image: its `file_name` as written, its size, and what its annotations mark
-    as shares of that size (boxes as (x0, y0, x1, y1); polygons as their corners)."""
+    """One listed image: its `file_name` as written, and what its annotations mark as shares
+    of its size (boxes as (x0, y0, x1, y1); polygons as their corners), boxes' labels first."""
 
     file_name: str
     boxes: tuple[tuple[float, float, float, float], ...]
     polygons: tuple[tuple[tuple[float, float], ...], ...]
+    labels: tuple[str, ...] = ()  # each shape's category name (its number where `categories` names none)
 
 
 def is_ref(path: str | Path) -> bool:
@@ -111,16 +112,22 @@ def _index(path: str, _mtime_ns: int, size: int) -> dict[str, tuple[Entry, ...]]
         if key is None or not (width and height and width > 0 and height > 0):
             return None  # shares need the size it was labelled at: every exporter writes it, and an id
         images[key] = (image["file_name"], width, height)
-    marks: dict[object, tuple[list, list]] = {key: ([], []) for key in images}
+    names = {_hashable(c.get("id")): str(c.get("name")) for c in doc.get("categories") or []
+             if isinstance(c, dict) and c.get("name") is not None}
+    marks: dict[object, tuple[list, list, list, list]] = {key: ([], [], [], []) for key in images}
     for ann in doc["annotations"]:
         if not isinstance(ann, dict) or _hashable(ann.get("image_id")) not in images:
             return None  # an annotation of no listed image: a damaged or foreign file, not guessed at
         _, width, height = images[_hashable(ann["image_id"])]
-        boxes, polygons = marks[_hashable(ann["image_id"])]
+        boxes, polygons, box_labels, polygon_labels = marks[_hashable(ann["image_id"])]
+        category = _hashable(ann.get("category_id"))
+        label = names.get(category, "" if category is None else str(category))
         shapes = _polygons(ann.get("segmentation"), width, height)
         if shapes:
             polygons.extend(shapes)
+            polygon_labels.extend([label] * len(shapes))
             continue
+        box_labels.append(label)
         box = ann.get("bbox")
         corners = [finite(v) for v in box] if isinstance(box, list) and len(box) == 4 else None
         if corners is None or None in corners:
@@ -129,8 +136,8 @@ def _index(path: str, _mtime_ns: int, size: int) -> dict[str, tuple[Entry, ...]]
         boxes.append((x / width, y / height, (x + w) / width, (y + h) / height))
     out: dict[str, list[Entry]] = {}
     for key, (name, _, _) in images.items():
-        boxes, polygons = marks[key]
-        out.setdefault(_key(name), []).append(Entry(name, tuple(boxes), tuple(polygons)))
+        boxes, polygons, box_labels, polygon_labels = marks[key]
+        out.setdefault(_key(name), []).append(Entry(name, tuple(boxes), tuple(polygons), (*box_labels, *polygon_labels)))
     return {k: tuple(v) for k, v in out.items()}
 
 

@@ -13,7 +13,8 @@ class DataConfig(StrictModel):
     # A local directory, NAS mount, or storage URL (s3://bucket/prefix). URLs and
     # `layout: shards` are read through dtrain.data.shards.
     root: str = "data/defects"
-    layout: Literal["imagefolder", "classfolders", "mvtec", "masklabels", "csvlabels", "shards"] = "imagefolder"
+    layout: Literal["imagefolder", "classfolders", "mvtec", "masklabels", "boxclasses", "csvlabels", "shards"] = (
+        "imagefolder")
     # csvlabels: the table of labels, relative to root (or absolute); null: the one .csv in root.
     labels_file: str | None = None
     # MVTec-AD: the category folder under root (e.g. "metal_nut").

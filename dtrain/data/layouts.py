@@ -25,6 +25,9 @@ A layout is a function `(cfg, split) -> Listing`, registered by name in `LAYOUTS
   two classes are what a miss rate is measured on. With split folders, train/ holds val
   unless a val folder does (`data.val_from_train`); without them, every class is cut by
   `data.split_fractions`.
+- `boxclasses`: a detection set whose every photo holds a box has no good part: each photo
+  is the class of the boxes that cover most of it (a classifier of defect types), split as
+  masklabels.
 
 Every carve is per class, from the class's sorted file list shuffled with a seed of
 (`data.split_seed`, class name): the same split in every process, run and machine, and a
@@ -46,6 +49,7 @@ reads as defect-free ("MT_Free", "ok_front", "no_defect": `says_defect_free`), a
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from collections.abc import Callable
@@ -344,6 +348,9 @@ BOX_RULES = MASK_RULES[3:]
 # How Listing.left_out's reasons begin for photos (not masks) a layout leaves out: the recipe's
 # notes count each kind apart from the ground truth.
 UNREADABLE_MASK, UNLISTED = "its mask cannot be read", "not listed in"
+NO_TYPE = "no defect type"  # boxclasses: a photo whose boxes name none
+# A dataset YAML is a few hundred bytes; a larger one beside the photos is something else.
+NAMES_MAX_BYTES = 1 << 20
 
 
 def split_root(root: Path) -> Path:
@@ -360,18 +367,31 @@ def split_root(root: Path) -> Path:
     return root
 
 
-def masklabels(cfg: DataConfig, split: str) -> Listing:
+Labeller = Callable[[Path], tuple[dict[str, list[Path]], dict[str, str], dict[str, str]]]
+
+
+def _labelled_split(cfg: DataConfig, split: str, label: Labeller) -> tuple[dict[str, list[Path]], dict[str, str],
+                                                                            dict[str, str], Path, int]:
+    """masklabels' and boxclasses' splits: `label(folder)` -> ({class: photos}, left out, {photo:
+    rule}) of every photo under a folder; split folders (under images/ too, split_root), val
+    carved out of train, or every class cut by data.split_fractions. -> (files, left_out,
+    rules, the folder of the splits, the split's role)."""
     root, role = _root_and_role(cfg, split)
     root = split_root(root)
     if not (root / cfg.train_split).is_dir():  # one folder of photos: every class cut by split_fractions
-        whole, left_out, rules = _by_masks(root)
+        whole, left_out, rules = label(root)
         files = _carve_classes(whole, cfg, cfg.split_fractions, role)
     elif role < 2 and cfg.val_from_train > 0:  # val carved out of train, as imagefolder's
-        whole, left_out, rules = _by_masks(root / cfg.train_split)
+        whole, left_out, rules = label(root / cfg.train_split)
         files = _carve_classes(whole, cfg, _train_val_shares(cfg), role)
     else:
-        _require_dir(root / split, f"split '{split}'", "expected ROOT/<split>/ with the photos and their masks")
-        files, left_out, rules = _by_masks(root / split)
+        _require_dir(root / split, f"split '{split}'", "expected ROOT/<split>/ with the photos and their labels")
+        files, left_out, rules = label(root / split)
+    return files, left_out, rules, root, role
+
+
+def masklabels(cfg: DataConfig, split: str) -> Listing:
+    files, left_out, rules, root, role = _labelled_split(cfg, split, _by_masks)
     if role == 0:
         _both_classes(files, rules, root)
     listing = _listing([MASK_DEFECT, MASK_OK], cfg.negative_class, root, files, left_out)
@@ -399,6 +419,87 @@ def _both_classes(files: dict[str, list[Path]], rules: dict[str, str], root: Pat
     raise DtrainError(f"no training photo in {root} has a {source} that marks a defect: nothing to learn a defect from",
                       "check that the masks or label files belong to these photos (same names), or sort the photos "
                       "into class folders")
+
+
+def boxclasses(cfg: DataConfig, split: str) -> Listing:
+    """Photos labelled by the class of their boxes: a detection set without good parts
+    (NEU-DET or GC10-DET exported as YOLO, COCO, VOC or LabelMe) as a classifier of defect
+    types. A photo is the class whose shapes cover most of it (boxes.Shapes.main_label);
+    YOLO's class numbers are named by the set's names file (yolo_names). Classes are those
+    of every split, so all splits number them alike."""
+    root = split_root(Path(cfg.root))
+    label = functools.partial(_by_box_class, names=yolo_names(root))
+    files, left_out, _, _, role = _labelled_split(cfg, split, label)
+    classes = sorted(label(root)[0]) if (root / cfg.train_split).is_dir() else sorted(files)
+    kinds = [c for c in classes if files.get(c)]
+    if role == 0 and len(kinds) < 2:
+        raise DtrainError(
+            f"every training photo in {root} holds a box, and all of one class ({', '.join(kinds) or 'none'}): no good "
+            "part to tell a defect from, and no second defect type",
+            "add photos of good parts (an empty label file, or none) to train defect against ok, or name the defect "
+            "types (YOLO: a data.yaml with `names` and a class number per type; VOC, COCO, LabelMe: each box's name)",
+        )
+    return _listing(classes, cfg.negative_class, root, files, left_out)
+
+
+def every_photo_boxed(folder: Path) -> bool:
+    """Whether every photo under `folder` is labelled by a box file that marks a defect: a
+    detection set without good parts, read by its boxes' classes (boxclasses) rather than
+    as defect/ok (masklabels, which would refuse it)."""
+    files, _, rules = _by_masks(folder)
+    return bool(files[MASK_DEFECT]) and not files[MASK_OK] and all(r == BOX_RULES[0] for r in rules.values())
+
+
+def _by_box_class(folder: Path, names: dict[str, str]) -> tuple[dict[str, list[Path]], dict[str, str], dict[str, str]]:
+    """{class: photos} of every photo under `folder` by its boxes' main label, and what was left
+    out: a photo without a box (no type to learn) or whose boxes name no class."""
+    images, left_out, _ = masks_of_images(folder)
+    boxed = BoxTrees()
+    files: dict[str, list[Path]] = {}
+    for photo in images:
+        found = boxed.mask_of(photo)
+        main = boxes.read_shapes(found).main_label() if found is not None else None
+        if not main:
+            left_out[str(photo)] = f"{NO_TYPE}: {'its label file marks no defect' if found else 'it has no label file'}"
+            continue
+        files.setdefault(names.get(main, main), []).append(photo)
+    return files, left_out, {}
+
+
+def yolo_names(root: Path) -> dict[str, str]:
+    """YOLO class numbers -> names: from a dataset YAML's `names` in `root` or its parent
+    (Roboflow's and Ultralytics' data.yaml: a list, or a mapping of numbers), else a
+    `classes.txt` in a labels folder (LabelImg's: one name per line); {} when there is none
+    (the numbers are then the names)."""
+    for folder in (root, root.parent):
+        for path in sorted(folder.glob("*.y*ml")):
+            found = _yaml_names(path)
+            if found:
+                return found
+    for path in sorted(root.glob("**/classes.txt"))[:1]:
+        try:
+            lines = [line.strip() for line in path.read_text(errors="replace").splitlines()[:10_000]]
+        except OSError:
+            continue
+        return {str(i): name for i, name in enumerate(lines) if name}
+    return {}
+
+
+def _yaml_names(path: Path) -> dict[str, str]:
+    import yaml
+
+    try:
+        if path.stat().st_size > NAMES_MAX_BYTES:
+            return {}
+        doc = yaml.safe_load(path.read_text(errors="replace"))
+    except (OSError, yaml.YAMLError):
+        return {}
+    names = doc.get("names") if isinstance(doc, dict) else None
+    if isinstance(names, list):
+        return {str(i): str(n) for i, n in enumerate(names)}
+    if isinstance(names, dict):
+        return {str(k): str(v) for k, v in names.items()}
+    return {}
 
 
 def _by_masks(folder: Path) -> tuple[dict[str, list[Path]], dict[str, str], dict[str, str]]:
@@ -460,5 +561,6 @@ LAYOUTS: dict[str, Callable[[DataConfig, str], Listing]] = {
     "classfolders": classfolders,
     "mvtec": mvtec,
     "masklabels": masklabels,
+    "boxclasses": boxclasses,
     "csvlabels": csvlabels,
 }

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from dtrain.data.layouts import BOX_RULES, MASK_RULES, NEGATIVE_SYNONYMS, UNLISTED, UNREADABLE_MASK
+from dtrain.data.layouts import BOX_RULES, MASK_RULES, NEGATIVE_SYNONYMS, NO_TYPE, UNLISTED, UNREADABLE_MASK
 from dtrain.recipe import copies
 from dtrain.recipe.stats import DataStats
 
@@ -516,7 +516,12 @@ def notes(stats: DataStats) -> list[str]:
         path, why = next(iter(unlisted.items()))
         out.append(f"{len(unlisted)} images under the data folder are not in the label table and are left out of every "
                    f"split (e.g. {path}: {why})")
-    truth = {p: why for p, why in stats.left_out.items() if p not in unread and p not in unlisted}
+    untyped = {p: why for p, why in stats.left_out.items() if why.startswith(NO_TYPE)}
+    if untyped:
+        path, why = next(iter(untyped.items()))
+        out.append(f"{len(untyped)} photos left out of every split: a classifier of defect types learns nothing from a "
+                   f"photo without a box (e.g. {path}: {why})")
+    truth = {p: why for p, why in stats.left_out.items() if p not in unread and p not in unlisted and p not in untyped}
     if truth:
         path, why = next(iter(truth.items()))
         masks = sum(not p.endswith(("/", "\\")) for p in truth)  # folders end in a separator

@@ -99,9 +99,9 @@ def detect_layout(root: Path) -> dict[str, Any]:
         raise DtrainError(f"data directory not found: {root}", "pass --data the folder that holds train/ (and val/, test/)")
     splits = split_root(root)  # YOLO keeps its splits in images/: images/train/ beside labels/train/
     if (splits / "train").is_dir() and _labelled_by_masks(splits / "train"):
-        return {"layout": "masklabels", **_split_folders(splits)}
+        return {"layout": _by_boxes_or_masks(splits / "train"), **_split_folders(splits)}
     if not (splits / "train").is_dir() and _labelled_by_masks(root):
-        return {"layout": "masklabels"}
+        return {"layout": _by_boxes_or_masks(root)}
     if (table := _label_table(root)) is not None:
         return table
     mvtec_like = _anomaly_shaped(root)  # train/ + test/ alone is MVTec's shape when train/ holds good parts only
@@ -171,6 +171,14 @@ def _classes_by_name(images: list[Path]) -> dict[str, int]:
     if not 2 <= len(counts) <= MAX_NAME_CLASSES or min(counts.values()) < 2:
         return {}
     return dict(counts)
+
+
+def _by_boxes_or_masks(folder: Path) -> str:
+    """masklabels (defect or ok), or boxclasses (defect types) where every photo of `folder`
+    holds a box: a detection set without good parts has no 'ok' to learn."""
+    from dtrain.data.layouts import every_photo_boxed
+
+    return "boxclasses" if every_photo_boxed(folder) else "masklabels"
 
 
 def _labelled_by_masks(folder: Path) -> bool:
@@ -256,6 +264,15 @@ def _loose_images(root: Path) -> list[Path]:
 def describe_layout(fields: dict[str, Any]) -> str:
     """detect_layout's result in words, for the recipe's first line."""
     layout = fields["layout"]
+    if layout == "boxclasses":
+        how = ("labels from the classes of the photos' boxes (every photo holds one: no good parts, so defect types); "
+               "a photo is the class whose boxes cover most of it")
+        if fields.get("val_from_train"):
+            return f"{how}; {fields['val_from_train']:.0%} of train/ is val"
+        if fields.get("val_split", "val") != "val":
+            return f"{how}; val in {fields['val_split']}/"
+        shares = "/".join(str(round(x * 100)) for x in DataConfig().split_fractions)
+        return f"{how}; every class split {shares} % into train/val/test, seeded by data.split_seed"
     if layout == "masklabels":
         how = ("labels from the photos' masks or box files: 'defect' where one marks pixels or a box, 'ok' where it is "
                "empty or missing")
