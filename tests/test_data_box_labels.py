@@ -199,7 +199,8 @@ def test_cvat_coco_boxes_and_polygons_land_where_their_pixels_are(tmp_path):
     '"bbox": [1, 1, 2, 2]}]}',  # an annotation of no listed image
     '{"images": [{"id": 1, "file_name": "a.png"}], "annotations": []}',  # no size: shares cannot be made
     '{"classes": ["ok", "scratch"], "counts": {}}',  # JSON, not COCO (dtrain data synth's manifest)
-    '{"images": [', "[" * 100000 + "]" * 100000,  # damaged; nested past the parser
+    '{"images": [], "annotations": [', '{"images": [], "annotations": ' + "[" * 100000 + "]" * 100000 + "}",
+    # damaged; nested past the parser
 ])
 def test_json_that_is_not_a_readable_coco_file_labels_nothing(tmp_path, text):
     from dtrain.data import mask_targets

@@ -98,7 +98,11 @@ def _index(path: str, _mtime_ns: int, size: int) -> dict[str, tuple[Entry, ...]]
         return None
     try:
         with open(path, "rb") as f:
-            doc = json.loads(f.read(MAX_BYTES + 1))
+            data = f.read(MAX_BYTES + 1)
+        # Other JSON near the photos (logs, LabelMe files, a manifest) is skipped unparsed.
+        if b'"annotations"' not in data or b'"images"' not in data:
+            return None
+        doc = json.loads(data)
     except (OSError, ValueError, RecursionError):  # unreadable, not JSON, or nested past the parser
         return None
     if not isinstance(doc, dict) or not isinstance(doc.get("images"), list) or not isinstance(doc.get("annotations"), list):

@@ -458,7 +458,11 @@ def _by_box_class(folder: Path, names: dict[str, str]) -> tuple[dict[str, list[P
     files: dict[str, list[Path]] = {}
     for photo in images:
         found = boxed.mask_of(photo)
-        main = boxes.read_shapes(found).main_label() if found is not None else None
+        try:
+            main = boxes.read_shapes(found).main_label() if found is not None else None
+        except ValueError:  # changed since it was found: as an unreadable mask
+            left_out[str(photo)] = f"{UNREADABLE_MASK} ({Path(str(found)).name}), so its label is unknown"
+            continue
         if not main:
             left_out[str(photo)] = f"{NO_TYPE}: {'its label file marks no defect' if found else 'it has no label file'}"
             continue
