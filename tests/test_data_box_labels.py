@@ -399,3 +399,15 @@ def test_quickstart_trains_a_detection_set_without_good_parts_as_defect_types(sy
     assert "recipe: mask_loss = 1.0" in proc.stdout
     report = json.loads((work / "report.json").read_text())
     assert report["classes"] == types and report["negative_class"] is None, report
+
+
+def test_a_hostile_names_file_names_nothing(tmp_path):
+    """A YAML alias bomb under `names` (each level ten of the one below): no names, at once."""
+    from dtrain.data.layouts import yolo_names
+
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"] + [
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    (tmp_path / "data.yaml").write_text("\n".join(levels) + "\nnames: [*a8, ok]\n")
+    assert yolo_names(tmp_path) == {}
+    (tmp_path / "data.yaml").write_text("names: {0: crazing, 1: pitted}\n")
+    assert yolo_names(tmp_path) == {"0": "crazing", "1": "pitted"}

@@ -499,11 +499,12 @@ def _yaml_names(path: Path) -> dict[str, str]:
     except (OSError, yaml.YAMLError):
         return {}
     names = doc.get("names") if isinstance(doc, dict) else None
-    if isinstance(names, list):
-        return {str(i): str(n) for i, n in enumerate(names)}
-    if isinstance(names, dict):
-        return {str(k): str(v) for k, v in names.items()}
-    return {}
+    pairs = list(enumerate(names)) if isinstance(names, list) else list(names.items()) if isinstance(names, dict) else []
+    # Names are words: a nested value (YAML aliases can nest a list a billion items deep in a
+    # few lines) is no names list, and is never turned into a string.
+    if not all(isinstance(v, (str, int)) and not isinstance(v, bool) for _, v in pairs):
+        return {}
+    return {str(k): str(v) for k, v in pairs}
 
 
 def _by_masks(folder: Path) -> tuple[dict[str, list[Path]], dict[str, str], dict[str, str]]:
