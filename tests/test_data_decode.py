@@ -121,3 +121,41 @@ def test_sample_bits_leave_8_bit_images_alone():
     data = encoded(_rgb(200, 100, 7), "PNG")
     assert decode(data, sample_bits=12)[:, 0, 0].tolist() == [200, 100, 7]
     assert decode(data, sample_bits=8).equal(decode(data))
+
+
+def _oriented(fmt: str, orientation: int, **kw) -> bytes:
+    """A 6 x 10 photo (wider than tall, no two pixels alike) stored with an EXIF orientation."""
+    pixels = np.arange(6 * 10 * 3, dtype=np.uint8).reshape(6, 10, 3)
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return encoded(Image.fromarray(pixels), fmt, exif=exif.tobytes(), **kw)
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_a_photo_is_decoded_upright_as_its_exif_orientation_says(orientation):
+    """As every viewer, OpenCV and the labelling tools show it (Pillow's exif_transpose is the
+    reference); the torch and Pillow paths agree pixel for pixel."""
+    import io
+
+    from PIL import ImageOps
+
+    from dtrain.data.decode import decode_pil
+
+    data = _oriented("PNG", orientation)
+    with Image.open(io.BytesIO(data)) as img:
+        want = np.asarray(ImageOps.exif_transpose(img.convert("RGB")))
+    assert read_header(data).orientation == orientation
+    assert np.array_equal(decode(data).permute(1, 2, 0).numpy(), want)
+    assert np.array_equal(np.asarray(decode_pil(data)), want)
+    if orientation in (5, 6, 7, 8):
+        assert want.shape[:2] == (10, 6)  # a quarter turn: taller than wide now
+    jpeg = decode(_oriented("JPEG", orientation, quality=100))
+    assert tuple(jpeg.shape[1:]) == want.shape[:2]
+
+
+def test_a_damaged_or_absent_exif_orientation_leaves_the_pixels_as_stored():
+    pixels = np.arange(6 * 10 * 3, dtype=np.uint8).reshape(6, 10, 3)
+    for exif in (b"Exif\x00\x00MM\x00*\x00\x00\x00\x08\xff\xff", None):
+        data = encoded(Image.fromarray(pixels), "PNG", **({"exif": exif} if exif else {}))
+        assert read_header(data).orientation == 1
+        assert np.array_equal(decode(data).permute(1, 2, 0).numpy(), pixels)

@@ -7,6 +7,12 @@ BitsPerSample). What a decode would cost in memory, pixels x bytes per pixel, is
 refused above a limit before a single row is inflated: a 280 kB 6000 x 6000 16-bit RGBA
 PNG would need 288 MB for its pixels alone.
 
+A photo is decoded upright: the EXIF orientation a phone or a camera on its side writes
+(tag 0x0112) is applied, as every viewer, OpenCV's imread and the labelling tools (LabelMe,
+CVAT, a browser) apply it, so a box drawn on what the labeller saw lands on the same
+pixels here. The tag is read by Pillow with the header (pure Python: a malformed EXIF block
+is ignored, not a crash) and applied to the decoded pixels by a flip or turn.
+
 What is accepted: one still image of any size within the limits, grey, grey + alpha,
 palette, RGB, RGBA, CMYK, at 8 or 16 bits per sample (alpha is dropped). 16-bit samples
 become 8 bits by a shift of `sample_bits - 8` (DataConfig.sample_bits): the high byte by
@@ -73,6 +79,7 @@ class Header:
     frames: int
     channels: int
     bytes_per_sample: int
+    orientation: int = 1  # EXIF's 1-8; 1: as stored
 
     @property
     def pixels(self) -> int:
@@ -91,11 +98,50 @@ def read_header(data: bytes) -> Header:
         with Image.open(io.BytesIO(data)) as img:  # header only
             frames = getattr(img, "n_frames", 1)  # counts frames by their headers, decodes none
             return Header(img.format or "image", img.width, img.height, img.mode, frames, len(img.getbands()),
-                          _bytes_per_sample(img, data))
+                          _bytes_per_sample(img, data), _orientation(img))
     except Image.DecompressionBombError as exc:
         raise ImageRefused(f"image refused before decoding: {exc}", too_large=True) from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError):
         raise ImageRefused("not an image file (unknown or corrupt format)") from None
+
+
+# EXIF orientation -> Pillow's transpose that makes the photo upright (as ImageOps.exif_transpose).
+_UPRIGHT = {2: "FLIP_LEFT_RIGHT", 3: "ROTATE_180", 4: "FLIP_TOP_BOTTOM", 5: "TRANSPOSE", 6: "ROTATE_270",
+            7: "TRANSVERSE", 8: "ROTATE_90"}
+
+
+def _orientation(img) -> int:
+    """The EXIF orientation read with the header: TIFF's tag, or an EXIF block Pillow has
+    already read at open (JPEG's APP1, PNG's eXIf before the pixels). Pillow's PNG reader
+    would decode the whole image to look for a later block: not here, before the size check."""
+    try:
+        if img.format == "TIFF":
+            value = img.tag_v2.get(0x0112, 1)
+        elif "exif" in img.info:
+            with warnings.catch_warnings():  # Pillow warns of a damaged block in every worker, per photo
+                warnings.simplefilter("ignore")
+                value = img.getexif().get(0x0112, 1)
+        else:
+            return 1
+    except Exception:  # noqa: BLE001 - a damaged EXIF block says nothing about the pixels: as stored
+        return 1
+    return value if isinstance(value, int) and value in _UPRIGHT else 1
+
+
+def upright(img: torch.Tensor, orientation: int) -> torch.Tensor:
+    """uint8 [C, H, W] as stored -> as its EXIF `orientation` says it is seen."""
+    if orientation not in _UPRIGHT:
+        return img
+    hw = (-2, -1)
+    turned = img.transpose(-2, -1) if orientation in (5, 7) else img  # about the main diagonal first
+    turn = {3: 2, 6: -1, 7: 2, 8: 1}.get(orientation, 0)  # quarter turns, counter-clockwise
+    if turn:
+        turned = turned.rot90(turn, hw)
+    if orientation == 2:
+        turned = turned.flip(-1)
+    elif orientation == 4:
+        turned = turned.flip(-2)
+    return turned.contiguous()
 
 
 def _bytes_per_sample(img, data: bytes) -> int:
@@ -183,11 +229,11 @@ def _checked_decode(data: bytes, max_pixels: int, max_decode_bytes: int, admit: 
 
 def _decode_tensor(data: bytes, header: Header, sample_bits: int = FULL_BITS) -> torch.Tensor:
     if header.format in _TORCHVISION_FORMATS:
-        return _decode_torchvision(data, sample_bits)
+        return upright(_decode_torchvision(data, sample_bits), header.orientation)
     import numpy as np
     import torch
 
-    # np.array: a writable copy
+    # np.array: a writable copy (_pil_rgb has turned it upright)
     return torch.from_numpy(np.array(_pil_rgb(data, header, sample_bits))).permute(2, 0, 1).contiguous()
 
 
@@ -216,6 +262,15 @@ def _high_byte(img: torch.Tensor) -> torch.Tensor:
 
 
 def _pil_rgb(data: bytes, header: Header, sample_bits: int = FULL_BITS) -> PILImage:
+    from PIL import Image
+
+    rgb = _pil_stored(data, header, sample_bits)
+    if header.orientation in _UPRIGHT:
+        return rgb.transpose(getattr(Image.Transpose, _UPRIGHT[header.orientation]))
+    return rgb
+
+
+def _pil_stored(data: bytes, header: Header, sample_bits: int) -> PILImage:
     import numpy as np
     from PIL import Image
 
