@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from dtrain.data.config import DataConfig
@@ -238,11 +239,7 @@ def test_a_k_fold_run_writes_a_coco_entry_as_the_photos_own_box_file(tmp_path):
     paired = mask_targets.mask_files([str(linked)])[0]
     assert paired == str(linked.with_name("000000_a_mask.txt"))
     same = [mask_targets.read_mask(m, (30, 40), (30, 40)) for m in (ref, paired)]
-    assert torch_equal(*same) and same[0].any()
-
-
-def torch_equal(a, b) -> bool:
-    return bool((a == b).all())
+    assert torch.equal(*same) and same[0].any()
 
 
 # ---- LabelMe JSON beside each photo ----------------------------------------------------------------
@@ -411,3 +408,14 @@ def test_a_hostile_names_file_names_nothing(tmp_path):
     assert yolo_names(tmp_path) == {}
     (tmp_path / "data.yaml").write_text("names: {0: crazing, 1: pitted}\n")
     assert yolo_names(tmp_path) == {"0": "crazing", "1": "pitted"}
+
+
+def test_labelimg_classes_txt_beside_the_yolo_files_names_the_numbers(tmp_path):
+    """LabelImg writes classes.txt into the folder of its YOLO files (no data.yaml)."""
+    for i in range(6):
+        _photo(tmp_path / "train" / "images" / f"{i}.jpg", i)
+        _label(tmp_path / "train" / "labels" / f"{i}.txt", f"{i % 2} 0.5 0.5 0.2 0.2\n")
+    (tmp_path / "train" / "labels" / "classes.txt").write_text("dent\nscratch\n")
+    cfg = _config(tmp_path)
+    listing = scan(cfg, cfg.train_split)
+    assert cfg.layout == "boxclasses" and listing.classes == ["dent", "scratch"]

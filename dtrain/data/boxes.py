@@ -92,13 +92,13 @@ def _polygon_area(corners: tuple[tuple[float, float], ...]) -> float:
 
 
 def is_box_file(path: str | Path) -> bool:
-    """A VOC or YOLO file by its name, or a photo's entry in a COCO file (dtrain.data.coco)."""
+    """A VOC, YOLO or LabelMe file by its name, or a photo's entry in a COCO file (dtrain.data.coco)."""
     return coco.is_ref(path) or Path(path).suffix.lower() in BOX_EXTENSIONS
 
 
 def readable(path: str | Path) -> bool:
-    """Whether `path` is a VOC or YOLO file (or COCO entry) that this module reads (an empty
-    one is: it marks nothing)."""
+    """Whether `path` is a VOC, YOLO or LabelMe file (or COCO entry) that this module reads (an
+    empty one is: it marks nothing)."""
     return _shapes(path) is not None
 
 
@@ -114,7 +114,7 @@ def read_shapes(path: str | Path) -> Shapes:
     reads."""
     shapes = _shapes(path)
     if shapes is None:
-        what = "a COCO file that lists this image" if coco.is_ref(path) else "a Pascal VOC or YOLO box file"
+        what = "a COCO file that lists this image" if coco.is_ref(path) else "a Pascal VOC, YOLO or LabelMe label file"
         raise ValueError(f"{Path(str(path)).name} is not {what}")
     return shapes
 

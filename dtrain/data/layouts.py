@@ -455,6 +455,7 @@ def _by_box_class(folder: Path, names: dict[str, str]) -> tuple[dict[str, list[P
     out: a photo without a box (no type to learn) or whose boxes name no class."""
     images, left_out, _ = masks_of_images(folder)
     boxed = BoxTrees()
+    beside: dict[Path, dict[str, str]] = {}  # LabelImg's classes.txt per folder of box files, read once
     files: dict[str, list[Path]] = {}
     for photo in images:
         found = boxed.mask_of(photo)
@@ -466,27 +467,33 @@ def _by_box_class(folder: Path, names: dict[str, str]) -> tuple[dict[str, list[P
         if not main:
             left_out[str(photo)] = f"{NO_TYPE}: {'its label file marks no defect' if found else 'it has no label file'}"
             continue
-        files.setdefault(names.get(main, main), []).append(photo)
+        named = names or _classes_txt(Path(str(found)).parent, beside)
+        files.setdefault(named.get(main, main), []).append(photo)
     return files, left_out, {}
 
 
 def yolo_names(root: Path) -> dict[str, str]:
-    """YOLO class numbers -> names: from a dataset YAML's `names` in `root` or its parent
-    (Roboflow's and Ultralytics' data.yaml: a list, or a mapping of numbers), else a
-    `classes.txt` in a labels folder (LabelImg's: one name per line); {} when there is none
-    (the numbers are then the names)."""
+    """YOLO class numbers -> names from a dataset YAML's `names` in `root` or its parent
+    (Roboflow's and Ultralytics' data.yaml: a list, or a mapping of numbers); {} when there
+    is none (then LabelImg's classes.txt beside the box files, else the numbers are the names)."""
     for folder in (root, root.parent):
         for path in sorted(folder.glob("*.y*ml")):
             found = _yaml_names(path)
             if found:
                 return found
-    for path in sorted(root.glob("**/classes.txt"))[:1]:
-        try:
-            lines = [line.strip() for line in path.read_text(errors="replace").splitlines()[:10_000]]
-        except OSError:
-            continue
-        return {str(i): name for i, name in enumerate(lines) if name}
     return {}
+
+
+def _classes_txt(folder: Path, seen: dict[Path, dict[str, str]]) -> dict[str, str]:
+    """LabelImg's `classes.txt` (one name per line, in class-number order) in a folder of YOLO
+    files; {} without one. Looked up where the box files are, not by a walk of the whole set."""
+    if folder not in seen:
+        try:
+            lines = [line.strip() for line in (folder / "classes.txt").read_text(errors="replace").splitlines()[:10_000]]
+        except OSError:
+            lines = []
+        seen[folder] = {str(i): name for i, name in enumerate(lines) if name}
+    return seen[folder]
 
 
 def _yaml_names(path: Path) -> dict[str, str]:

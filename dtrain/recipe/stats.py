@@ -137,7 +137,7 @@ def _anomaly_shaped(base: Path) -> bool:
     `train/ok/` with `test/ok/` and `test/ko/`). Read as an ImageFolder, such a set would
     train on no defect at all; the mvtec layout lends test images to train
     (decide.lend_test_images)."""
-    from dtrain.data.layouts import NEGATIVE_SYNONYMS, says_defect_free
+    from dtrain.data.layouts import says_defect_free
     from dtrain.data.masks import hidden_or_debris
 
     train = base / "train"
@@ -146,8 +146,7 @@ def _anomaly_shaped(base: Path) -> bool:
     names = [d.name for d in train.iterdir() if d.is_dir() and not hidden_or_debris(d.name)]
     if "good" in names:
         return True
-    return (len(names) == 1 and (base / "test").is_dir()
-            and (names[0].lower() in NEGATIVE_SYNONYMS or says_defect_free(names[0])))
+    return len(names) == 1 and (base / "test").is_dir() and says_defect_free(names[0])  # ok, good, normal too
 
 
 def _test_split(cfg: DataConfig) -> Listing | None:
