@@ -20,6 +20,9 @@ Read here:
   scratch drawn as a line keeps a width);
 - COCO: a photo's entry in a COCO JSON file (dtrain.data.coco), its boxes and polygons.
 
+Shapes are drawn on the photo as decoded, upright; one whose stated size shows it was drawn
+on a phone photo's stored pixels is turned with them first (dtrain.data.shapes).
+
 A file that is none of these (a `.txt` of notes beside a photo, a damaged XML, a camera's
 JSON metadata) is not a box file:
 `readable` says so once, and the photo keeps no mask rather than a wrong one. Files are
@@ -34,11 +37,11 @@ import json
 import math
 import os
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dtrain.data import coco
+from dtrain.data.shapes import Shapes
 
 if TYPE_CHECKING:  # torch only where a mask is drawn: the data layouts label photos by box files without it
     import torch
@@ -52,43 +55,6 @@ JSON_MAX_BYTES = 64 << 20
 CIRCLE_CORNERS = 24
 # Pixels by which a box edge may miss a pixel's edge and still be taken as on it.
 EDGE_SLACK = 1e-3
-
-
-@dataclass(frozen=True)
-class Shapes:
-    """What one file marks, in shares of the photo's width and height: boxes as
-    (x0, y0, x1, y1), their edges; polygons as their corners. `pixel_boxes`: boxes in the
-    photo's own pixels (edges, 0-based), from a VOC file that does not say the size it was
-    labelled at."""
-
-    boxes: tuple[tuple[float, float, float, float], ...] = ()
-    polygons: tuple[tuple[tuple[float, float], ...], ...] = ()
-    pixel_boxes: tuple[tuple[float, float, float, float], ...] = ()
-    # The class each shape was labelled with, in the order boxes, polygons, pixel_boxes: VOC's
-    # and LabelMe's names, COCO's category names, YOLO's class numbers (named by the layout).
-    labels: tuple[str, ...] = ()
-
-    def __bool__(self) -> bool:
-        return bool(self.boxes or self.polygons or self.pixel_boxes)
-
-    def main_label(self) -> str | None:
-        """The label whose shapes cover the most of the photo (a box's area, a polygon's by the
-        shoelace formula), the first by name on a tie; None without shapes. What a photo of a
-        detection set without good parts is, as a defect type (data.layouts.boxclasses)."""
-        areas: dict[str, float] = {}
-        sizes = [*map(_box_area, self.boxes), *map(_polygon_area, self.polygons), *map(_box_area, self.pixel_boxes)]
-        for label, area in zip(self.labels, sizes):
-            areas[label] = areas.get(label, 0.0) + area
-        return max(sorted(areas), key=lambda k: areas[k]) if areas else None
-
-
-def _box_area(box: tuple[float, float, float, float]) -> float:
-    return abs(box[2] - box[0]) * abs(box[3] - box[1])
-
-
-def _polygon_area(corners: tuple[tuple[float, float], ...]) -> float:
-    xs, ys = [x for x, _ in corners], [y for _, y in corners]
-    return abs(sum(xs[i] * ys[i - 1] - xs[i - 1] * ys[i] for i in range(len(corners)))) / 2
 
 
 def is_box_file(path: str | Path) -> bool:
@@ -131,7 +97,7 @@ def as_yolo(shapes: Shapes) -> str:
 def _shapes(path: str | Path) -> Shapes | None:
     if coco.is_ref(path):
         entry = coco.entry_of(path)
-        return None if entry is None else Shapes(entry.boxes, entry.polygons, labels=entry.labels)
+        return None if entry is None else entry.shapes
     try:
         st = os.stat(path)
     except OSError:
@@ -199,7 +165,7 @@ def _voc(data: bytes) -> Shapes | None:
         # Without <size> (or with a zero one, as some converters write) the pixels are the photo's own.
         return Shapes(pixel_boxes=tuple(edges), labels=tuple(labels))
     return Shapes(boxes=tuple((x0 / width, y0 / height, x1 / width, y1 / height) for x0, y0, x1, y1 in edges),
-                  labels=tuple(labels))
+                  labels=tuple(labels), frame=(width, height))
 
 
 def _number(node: ET.Element, path: str) -> float | None:
@@ -247,7 +213,7 @@ def _labelme(data: bytes) -> Shapes | None:
         else:  # line, linestrip, point, a mask's bbox: the box around the points, a pixel wider each way
             found.append((min(xs) - 1 / width, min(ys) - 1 / height, max(xs) + 1 / width, max(ys) + 1 / height))
             box_labels.append(label)
-    return Shapes(tuple(found), tuple(polygons), labels=(*box_labels, *polygon_labels))
+    return Shapes(tuple(found), tuple(polygons), labels=(*box_labels, *polygon_labels), frame=(width, height))
 
 
 def _yolo(data: bytes) -> Shapes | None:

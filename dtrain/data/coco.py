@@ -27,6 +27,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from dtrain.data.shapes import Shapes
+
 # Between the JSON file's path and the image's file_name in a ref: no file system path
 # an exporter writes holds it.
 REF_SEP = "#coco:"
@@ -37,12 +39,10 @@ MAX_BYTES = 256 << 20
 @dataclass(frozen=True)
 class Entry:
     """One listed image: its `file_name` as written, and what its annotations mark as shares
-    of its size (boxes as (x0, y0, x1, y1); polygons as their corners), boxes' labels first."""
+    of its size, which is the entry's frame (boxes' labels first)."""
 
     file_name: str
-    boxes: tuple[tuple[float, float, float, float], ...]
-    polygons: tuple[tuple[tuple[float, float], ...], ...]
-    labels: tuple[str, ...] = ()  # each shape's category name (its number where `categories` names none)
+    shapes: Shapes
 
 
 def is_ref(path: str | Path) -> bool:
@@ -139,9 +139,10 @@ def _index(path: str, _mtime_ns: int, size: int) -> dict[str, tuple[Entry, ...]]
         x, y, w, h = corners  # type: ignore[misc]
         boxes.append((x / width, y / height, (x + w) / width, (y + h) / height))
     out: dict[str, list[Entry]] = {}
-    for key, (name, _, _) in images.items():
+    for key, (name, width, height) in images.items():
         boxes, polygons, box_labels, polygon_labels = marks[key]
-        out.setdefault(_key(name), []).append(Entry(name, tuple(boxes), tuple(polygons), (*box_labels, *polygon_labels)))
+        shapes = Shapes(tuple(boxes), tuple(polygons), labels=(*box_labels, *polygon_labels), frame=(width, height))
+        out.setdefault(_key(name), []).append(Entry(name, shapes))
     return {k: tuple(v) for k, v in out.items()}
 
 

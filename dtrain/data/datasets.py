@@ -25,7 +25,7 @@ from dtrain.data import mask_targets
 from dtrain.data.config import DataConfig, Size, as_hw
 from dtrain.data.decode import FULL_BITS
 from dtrain.data.layouts import scan
-from dtrain.data.transforms import read_image, resize_uint8, train_augmentation
+from dtrain.data.transforms import read_image, read_image_oriented, resize_uint8, train_augmentation
 from dtrain.data.transplant import Transplants
 from dtrain.errors import ConfigError
 
@@ -105,20 +105,21 @@ class InspectionDataset(Dataset):
             return None
 
     def _pixels(self, index: int) -> torch.Tensor:
-        native = read_image(self.paths[index], self.sample_bits)
-        image = resize_uint8(native, self.image_size)
         if self.masks is None:
-            return image
-        return mask_targets.with_mask(image, self._mask(index, tuple(native.shape[-2:])))
+            return resize_uint8(read_image(self.paths[index], self.sample_bits), self.image_size)
+        native, orientation = read_image_oriented(self.paths[index], self.sample_bits)
+        image = resize_uint8(native, self.image_size)
+        return mask_targets.with_mask(image, self._mask(index, tuple(native.shape[-2:]), orientation))
 
-    def _mask(self, index: int, native: tuple[int, int]) -> torch.Tensor:
-        """`native`: the photo's own (height, width), which a box file's boxes are shares of."""
+    def _mask(self, index: int, native: tuple[int, int], orientation: int = 1) -> torch.Tensor:
+        """`native`: the photo's own (height, width) as decoded (upright), which a box file's
+        boxes are shares of; `orientation`: the EXIF orientation the decode applied."""
         path = self.masks[index]
         if path is None:
             clear = self.targets[index] == self.negative_index
             return mask_targets.constant_mask(self.image_size, 0 if clear else mask_targets.UNKNOWN)
         try:
-            mask = mask_targets.read_mask(path, self.image_size, native)
+            mask = mask_targets.read_mask(path, self.image_size, native, orientation)
         except _READ_ERRORS as exc:  # the photo still trains on its label; its mask is left out
             if path not in self._bad_masks:
                 self._bad_masks.add(path)

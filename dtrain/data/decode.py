@@ -53,6 +53,9 @@ DEFAULT_MAX_DECODE_BYTES = 160_000_000
 # Bits a 16-bit sample really uses (DataConfig.sample_bits): all 16 unless told otherwise.
 FULL_BITS = 16
 
+# EXIF orientations that swap a photo's width and height (a transpose or a quarter turn).
+QUARTER_TURNS = frozenset({5, 6, 7, 8})
+
 # torchvision decodes these natively (fast, and with little memory beyond its output);
 # the rest go through Pillow.
 _TORCHVISION_FORMATS = frozenset({"PNG", "JPEG", "WEBP", "GIF"})
@@ -84,6 +87,11 @@ class Header:
     @property
     def pixels(self) -> int:
         return self.width * self.height
+
+    @property
+    def upright_hw(self) -> tuple[int, int]:
+        """(height, width) once decoded, its orientation applied: a quarter turn swaps them."""
+        return (self.width, self.height) if self.orientation in QUARTER_TURNS else (self.height, self.width)
 
     @property
     def decode_bytes(self) -> int:
@@ -187,11 +195,25 @@ def decode(
     """Encoded image -> uint8 [3, H, W] RGB; raises ImageRefused (nothing else) for any
     file it will not or cannot decode. The decode itself runs inside `admit(decode_bytes)`
     (the service's memory budget shared by concurrent decodes). `sample_bits`: see the module."""
+    return decode_oriented(data, max_pixels=max_pixels, max_decode_bytes=max_decode_bytes, admit=admit,
+                           sample_bits=sample_bits)[0]
+
+
+def decode_oriented(
+    data: bytes,
+    *,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES,
+    admit: Admit = lambda _nbytes: nullcontext(),
+    sample_bits: int = FULL_BITS,
+) -> tuple[torch.Tensor, int]:
+    """`decode`, and the EXIF orientation it applied (1: none), which a label drawn on the
+    stored pixels needs to be turned with them (dtrain.data.shapes)."""
     header, img = _checked_decode(data, max_pixels, max_decode_bytes, admit,
                                   lambda d, h: _decode_tensor(d, h, sample_bits))
     if img.ndim != 3 or img.shape[0] != 3:  # the header check makes this unreachable; the batch stack relies on it
         raise ImageRefused(f"the {header.format} decoded to shape {tuple(img.shape)}, not one RGB image")
-    return img
+    return img, header.orientation
 
 
 def decode_pil(

@@ -38,7 +38,9 @@ import torch
 
 from dtrain.data import boxes
 from dtrain.data.config import Size, as_hw
+from dtrain.data.decode import upright
 from dtrain.data.masks import CONTAINER_NAMES, MAX_MASK_PIXELS, mark_floor, masks_of_images
+from dtrain.data.shapes import drawn_as_stored
 from dtrain.data.transforms import resize_uint8
 from dtrain.data.truth_trees import BoxTrees, Trees
 
@@ -65,11 +67,12 @@ def mask_files(paths: Sequence[str]) -> list[str | None]:
     return [found.get(os.path.realpath(p)) or trees.mask_of(Path(p)) or boxed.mask_of(Path(p)) for p in paths]
 
 
-def read_mask(path: str | Path, size: Size, native: tuple[int, int] | None = None) -> torch.Tensor:
+def read_mask(path: str | Path, size: Size, native: tuple[int, int] | None = None, orientation: int = 1) -> torch.Tensor:
     """A mask file -> uint8 [1, H, W] of 0 / MARKED at the input size. A box file is
-    filled in at `native`, its photo's own (height, width), first (its boxes are shares of
-    it; the caller has just decoded the photo). Raises OSError or ValueError when it cannot
-    be read."""
+    filled in at `native`, its photo's own (height, width) as decoded, first (its boxes are
+    shares of it; the caller has just decoded the photo). `orientation`: the EXIF orientation
+    the photo's decode applied; a label drawn on the stored pixels is turned with them
+    (dtrain.data.shapes). Raises OSError or ValueError when it cannot be read."""
     from PIL import Image
 
     if boxes.is_box_file(path):
@@ -78,7 +81,8 @@ def read_mask(path: str | Path, size: Size, native: tuple[int, int] | None = Non
         height, width = native
         if width * height > MAX_MASK_PIXELS:
             raise ValueError(f"{width} x {height} pixels: larger than a mask is read")
-        return _at_size(boxes.rasterise(boxes.read_shapes(path), height, width).mul_(MARKED), size)
+        shapes = boxes.read_shapes(path).seen_upright(orientation, native)
+        return _at_size(boxes.rasterise(shapes, height, width).mul_(MARKED), size)
     floor = mark_floor(path)
     with Image.open(path) as img:
         if img.width * img.height > MAX_MASK_PIXELS:
@@ -86,6 +90,8 @@ def read_mask(path: str | Path, size: Size, native: tuple[int, int] | None = Non
         # 16/32-bit grey is read as it is (Pillow's 8-bit conversion would clip it).
         values = np.asarray(img if img.mode.startswith("I") else img.convert("L"))
     marked = torch.from_numpy(np.ascontiguousarray(values >= floor)).to(torch.uint8).mul_(MARKED)[None]
+    if native is not None and drawn_as_stored((values.shape[1], values.shape[0]), orientation, native):
+        marked = upright(marked, orientation)  # a mask made from the stored pixels (PIL's open does not turn)
     return _at_size(marked, size)
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dtrain.data import boxes, coco
+from dtrain.data.decode import read_header
 from dtrain.data.masks import MASK_SUFFIXES
 from dtrain.evaluation.metrics import min_defective_for_target
 
@@ -111,6 +112,13 @@ def link_split(root: Path, split: str, classes: list[str], paths: list[str], tar
         os.symlink(os.path.abspath(path), link)
         mask = masks[n] if masks is not None else None
         if mask is not None and coco.is_ref(mask):  # an entry of a COCO file: written out as the photo's own box file
-            link.with_name(f"{link.stem}{MASK_LINK_SUFFIX}.txt").write_text(boxes.as_yolo(boxes.read_shapes(mask)))
+            # YOLO states no frame: the shapes are written as seen on the upright photo.
+            shapes = boxes.read_shapes(mask)
+            try:
+                header = read_header(Path(path).read_bytes())
+                shapes = shapes.seen_upright(header.orientation, header.upright_hw)
+            except (OSError, ValueError):  # an unreadable photo: the fold's dataset leaves it out anyway
+                pass
+            link.with_name(f"{link.stem}{MASK_LINK_SUFFIX}.txt").write_text(boxes.as_yolo(shapes))
         elif mask is not None:
             os.symlink(os.path.abspath(mask), link.with_name(f"{link.stem}{MASK_LINK_SUFFIX}{Path(mask).suffix}"))
