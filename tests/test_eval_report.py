@@ -45,10 +45,12 @@ def test_report_is_self_contained(tmp_path):
     saved = json.loads(json_path.read_text())
     assert saved["world_size"] == 2 and saved["miss_rate"] == 1 / 3
     page = html_path.read_text()
-    # Every image is embedded: 3 plots + training curves + 1 miss + 1 false alarm.
-    assert len(re.findall(r'src="data:image/png;base64,', page)) == 6
+    # Every image is embedded: 3 plots + training curves + 2 threshold setters + 1 miss + 1 false alarm.
+    assert len(re.findall(r'src="data:image/png;base64,', page)) == 8
     assert 'src="' not in page.replace('src="data:', "")
     assert (eval_dir / "training_curves.png").is_file()
+    assert "The faintest defects of the validation split: they set the threshold (2)" in page
+    assert "scratch, P(defect) 0.700; caught; catching it flags 0.00 % of good parts" in page
     assert "Missed defects (defective judged OK) (1)" in page
     assert "False alarms (OK judged defective) (1)" in page
     assert "misses the 5.00 % target" in page

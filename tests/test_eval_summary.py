@@ -86,3 +86,62 @@ def test_empty_split_is_a_user_error():
     empty = Predictions(np.zeros((0, 3)), np.zeros(0, dtype=int), [], ["bad.png"])
     with pytest.raises(DtrainError, match="validation split has no readable images"):
         summarise(CLASSES, OK, empty, TEST, 0.1)
+
+
+def _binary(defect_scores: list[float], ok_scores: list[float]) -> Predictions:
+    p = np.array(defect_scores + ok_scores)
+    probs = np.stack([1 - p, p], axis=1)  # classes ok, scratch
+    targets = np.array([1] * len(defect_scores) + [0] * len(ok_scores))
+    return Predictions(probs=probs, targets=targets, paths=[f"val{i}.png" for i in range(len(p))], bad_files=[])
+
+
+OK_SCORES = [i / 20 for i in range(20)]  # 0.00, 0.05, ..., 0.95
+
+
+def test_the_faintest_defects_are_named_with_what_catching_each_costs_and_one_outlier_is_called_out():
+    val = _binary([0.9, 0.12, 0.95, 0.62], OK_SCORES)
+    r = summarise(["ok", "scratch"], 0, val, val, 0.10)
+    setters = r["threshold_setters"]
+    assert [s["path"] for s in setters] == ["val1.png", "val3.png", "val0.png", "val2.png"]  # faintest first
+    # OK scores at or above each: 0.15.. (17 of 20), 0.65.. (7), 0.9, 0.95 (2), 0.95 (1)
+    assert [s["false_alarm_rate_if_caught"] for s in setters] == pytest.approx([0.85, 0.35, 0.10, 0.05])
+    assert all(s["caught"] for s in setters) and setters[0]["label"] == 1
+    assert r["threshold_basis"]["false_alarm_rate"] == pytest.approx(0.85)  # the first one's price is the threshold's
+    called = [w for w in r["warnings"] if w.startswith("One defect sets the threshold")]
+    assert len(called) == 1
+    assert "val1.png (validation split) scores P(defect) 0.120" in called[0]
+    assert "85.0%" in called[0] and "next faintest would cost 35.0%" in called[0]
+
+
+def test_no_defect_is_called_out_when_the_faintest_ones_cost_alike_or_little():
+    alike = summarise(["ok", "scratch"], 0, _binary([0.12, 0.13, 0.9], OK_SCORES), _binary([0.5], [0.1]), 0.10)
+    cheap = summarise(["ok", "scratch"], 0, _binary([0.97, 0.99], OK_SCORES), _binary([0.5], [0.1]), 0.10)
+    for r in (alike, cheap):
+        assert not any(w.startswith("One defect sets the threshold") for w in r["warnings"])
+    assert [s["false_alarm_rate_if_caught"] for s in cheap["threshold_setters"]] == [0.0, 0.0]
+
+
+def test_a_defect_the_rule_lets_through_is_named_as_not_caught():
+    # 40 defects at a 10 % target: the rate rule allows 4 misses; good parts just under the fifth
+    # faintest put the threshold between them and it, so the 4 faintest are let through
+    val = _binary([0.01 * (i + 1) for i in range(40)], [0.045] * 10)
+    r = summarise(["ok", "scratch"], 0, val, val, 0.10)
+    assert [s["caught"] for s in r["threshold_setters"]] == [False] * 4 + [True]
+    assert not any(w.startswith("One defect sets the threshold") for w in r["warnings"])
+
+
+def test_the_console_summary_lists_the_faintest_defects_by_folder_and_file():
+    import io
+
+    from rich.console import Console
+
+    from dtrain.cli.eval_cmd import print_summary
+
+    val = _binary([0.9, 0.12, 0.95, 0.62], OK_SCORES)
+    val.paths[1] = "/data/val/[scratch]/p1.png"  # markup-like characters print as they are
+    out = io.StringIO()
+    print_summary(summarise(["ok", "scratch"], 0, val, val, 0.10), None, Console(file=out, width=200))
+    text = out.getvalue()
+    assert "faintest defects of the validation split: they set the threshold" in text
+    row = next(line for line in text.splitlines() if "p1.png" in line)
+    assert "[scratch]/p1.png" in row and "0.1200" in row and "85.00 %" in row and "yes" in row

@@ -77,10 +77,27 @@ def print_summary(result: dict, out_dir: Path | None = None, console=None) -> No
             value = result[key]
             table.add_row(key.replace("_", " "), f"{value:.0f}" if isinstance(value, float) else str(value), "")
     console.print(table)
+    if result.get("threshold_setters"):
+        console.print(_setters_table(result, pct))
     for warning in result.get("warnings", []):  # may name paths: no markup, no line breaks inside
         console.print(f"[yellow]warning:[/] {escape(warning)}", soft_wrap=True)
     if out_dir is not None:
         console.print(f"plots and evaluation.json in {out_dir}", markup=False, soft_wrap=True)
+
+
+def _setters_table(result: dict, pct):
+    """The faintest defects the threshold was chosen on: which photos decide the false alarms."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    source = (result.get("threshold_basis") or {}).get("source", "validation split")
+    table = Table(title=f"faintest defects of the {source}: they set the threshold", show_header=True)
+    for name, justify in (("image", "left"), ("P(defect)", "right"), ("false alarms to catch it", "right"), ("caught", "left")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for s in result["threshold_setters"]:
+        where = "/".join(Path(s["path"]).parts[-2:])  # class folder and file: enough to find it
+        table.add_row(escape(where), f"{s['p_defect']:.4f}", pct(s["false_alarm_rate_if_caught"]), "yes" if s["caught"] else "no")
+    return table
 
 
 def _inspection_rows(table, result: dict, pct) -> None:

@@ -57,9 +57,8 @@ def summarise(
         raise DtrainError(f"the {empty} split has no readable images", "check the data set (dtrain data synth OUT makes one)")
     if negative_index is None:
         return summarise_classification(classes, val, test)
-    choice = M.choose_threshold(
-        M.p_defect(val.probs, negative_index), val.targets != negative_index, target_miss_rate, calibration
-    )
+    val_p_def = M.p_defect(val.probs, negative_index)
+    choice = M.choose_threshold(val_p_def, val.targets != negative_index, target_miss_rate, calibration)
     t = choice.threshold
     p_def = M.p_defect(test.probs, negative_index)
     is_defect = test.targets != negative_index
@@ -71,6 +70,9 @@ def summarise(
     basis = M.threshold_basis(choice, target_miss_rate, calibration, source)
     # The basis's warning says what choose_threshold's does, and what it costs, in plainer words.
     warnings = [basis["warning"]] if basis["warning"] else list(choice.warnings)
+    setters = M.threshold_setters(val_p_def, val.targets != negative_index, t)
+    if (called_out := M.setter_warning(setters, lambda i: val.paths[i], source)) is not None:
+        warnings.append(called_out)
     support = M.support_warning(miss.n, target_miss_rate)
     if support:
         warnings.append(support)
@@ -113,6 +115,9 @@ def summarise(
             "miss_rate": choice.val_miss.rate,
             "false_alarm_rate": choice.val_false_alarm.rate,
         },
+        # The faintest defects the threshold was chosen on, and what keeping each caught costs.
+        "threshold_setters": [{**_error(val, x.index, val_p_def), "false_alarm_rate_if_caught": x.false_alarm_rate,
+                               "caught": x.caught} for x in setters],
         "misses": [_error(test, i, p_def) for i in _worst(missed_idx, p_def, ascending=True)],
         "false_alarms": [_error(test, i, p_def) for i in _worst(alarm_idx, p_def, ascending=False)],
         "bad_files": sorted(test.bad_files + val.bad_files),

@@ -161,6 +161,9 @@ def _samples(title: str, errors: list[dict[str, Any]], classes: list[str]) -> st
             caption = f"{label} judged {classes[e['predicted']]} (p {e['p']:.3f})"
         else:
             caption = f"{label}, P(defect) {e['p_defect']:.3f}"
+        if "false_alarm_rate_if_caught" in e:  # a threshold setter: what keeping it caught costs
+            caption += (f"; {'caught' if e['caught'] else 'let through'}; catching it flags "
+                        f"{_pct(e['false_alarm_rate_if_caught'])} of good parts")
         cells.append(f"<figure>{_img(path, path.name, 'sample')}<figcaption>{html.escape(caption)}<br>"
                      f"<small>{html.escape(path.name)}</small></figcaption></figure>")
     more = f"<p>{len(errors) - MAX_SAMPLES} more in report.json</p>" if len(errors) > MAX_SAMPLES else ""
@@ -188,7 +191,10 @@ def render_html(report: dict[str, Any], eval_dir: Path, curves_png: Path | None 
         verdict = (f"<p class={'pass' if ok else 'fail'}><b>miss rate {_pct(report['miss_rate'])} "
                    f"{'meets' if ok else 'misses'} the {_pct(report['target_miss_rate'])} target</b>; "
                    f"accuracy {_pct(report['accuracy'])}</p>")
+        source = (report.get("threshold_basis") or {}).get("source", "validation split")
         errors = [
+            _samples(f"The faintest defects of the {source}: they set the threshold", report.get("threshold_setters", []),
+                     report["classes"]),
             _samples("Missed defects (defective judged OK)", report.get("misses", []), report["classes"]),
             _samples("False alarms (OK judged defective)", report.get("false_alarms", []), report["classes"]),
         ]

@@ -11,6 +11,7 @@ defective by definition: P(defect) is 1 and the verdict's class is the argmax.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -203,6 +204,56 @@ def choose_threshold(
         val_miss=miss_rate(scores, is_defect, threshold),
         val_false_alarm=false_alarm_rate(scores, is_defect, threshold),
         warnings=warnings,
+    )
+
+
+# How many of the lowest-scored defects of the threshold's basis the evaluation names.
+SETTERS = 5
+# The faintest defect is called out when keeping it caught costs at least this share of
+# good parts (a line's usual tolerance for re-inspection) and twice what the next one would.
+SETTER_ALARM = 0.05
+
+
+@dataclass(frozen=True)
+class Setter:
+    """One of the lowest-scored defects the threshold was chosen on: `index` into the scores,
+    its score, and the false alarms (on the same scores' good parts) of the highest threshold
+    that still catches it, which is what keeping it caught costs."""
+
+    index: int
+    score: float
+    false_alarm_rate: float
+    caught: bool  # by the chosen threshold
+
+
+def threshold_setters(p_def: np.ndarray, is_defect: np.ndarray, threshold: float, n: int = SETTERS) -> list[Setter]:
+    """The `n` lowest-scored defects, faintest first. On a small validation split the
+    threshold sits just under the faintest, so one faint (or mislabelled) defect can set the
+    false alarms of the whole line: naming them, with their price, says which photos to look at."""
+    p_def = np.asarray(p_def, dtype=np.float64)
+    is_defect = np.asarray(is_defect, dtype=bool)
+    ok = np.sort(p_def[~is_defect])
+    idx = np.flatnonzero(is_defect)
+    lowest = idx[np.argsort(p_def[idx], kind="stable")][:n]
+    # A threshold at a defect's score catches it (>= is defective) and flags every OK score at or above it.
+    alarms = (ok.size - np.searchsorted(ok, p_def[lowest], side="left")) / max(ok.size, 1)
+    return [Setter(int(i), float(p_def[i]), float(a), bool(p_def[i] >= threshold)) for i, a in zip(lowest, alarms)]
+
+
+def setter_warning(setters: list[Setter], name: Callable[[int], str], source: str) -> str | None:
+    """Plain words when one defect sets most of the false alarms: which one, and what to do."""
+    if len(setters) < 2 or not setters[0].caught:
+        return None
+    first, second = setters[0], setters[1]
+    if first.false_alarm_rate < SETTER_ALARM or second.false_alarm_rate > first.false_alarm_rate / 2:
+        return None
+    return (
+        f"One defect sets the threshold: {name(first.index)} ({source}) scores P(defect) {first.score:.3f}, lower "
+        f"than {first.false_alarm_rate:.1%} of the good parts score, and the threshold that catches it flags them "
+        f"all; the next faintest would cost {second.false_alarm_rate:.1%}. Look at it: if it is not a defect, or "
+        f"within specification, "
+        f"correct its label; if it is one, the model needs more labelled defects like it (the report lists the "
+        f"faintest {len(setters)})."
     )
 
 
