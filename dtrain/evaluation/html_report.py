@@ -175,7 +175,7 @@ body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0
 table{border-collapse:collapse;margin:0.5em 1.5em 1em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
 th{background:#f2f2f2}.pass{color:#17743a}.fail{color:#b00020}.warn{background:#fff4d6;padding:0.5em 1em}
 .pair{display:flex;flex-wrap:wrap}.plots img{max-width:48%;margin:0.3em}img.curves{max-width:100%}
-.samples{display:flex;flex-wrap:wrap}figure{margin:0.3em;text-align:center;font-size:0.8em}
+.samples{display:flex;flex-wrap:wrap}figure{margin:0.3em;text-align:center;font-size:0.8em;max-width:200px}
 img.sample{width:128px;height:128px;image-rendering:pixelated;border:1px solid #999}
 pre{background:#f7f7f7;padding:0.6em;overflow:auto;font-size:0.8em}
 """
