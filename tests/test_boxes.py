@@ -195,3 +195,28 @@ def test_the_recipe_trains_with_pixel_supervision_from_boxes_and_the_photos_carr
         photo = np.asarray(Image.open(path))
         # the box is exactly the bright block: the mask channel marks it and nothing else
         assert np.array_equal(pixels[3].numpy() > 0, photo == 250)
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e400", "-inf"])
+def test_a_voc_file_with_a_coordinate_that_is_no_number_is_not_a_box_file(tmp_path, value):
+    """float() reads these; an infinite edge stopped the mask's drawing with an OverflowError,
+    which the data loader does not catch (a training run ended)."""
+    path = tmp_path / "a.xml"
+    path.write_text(f"<annotation><size><width>40</width><height>20</height></size><object><name>d</name><bndbox>"
+                    f"<xmin>1</xmin><ymin>1</ymin><xmax>{value}</xmax><ymax>5</ymax></bndbox></object></annotation>")
+    assert not boxes.readable(path)
+
+
+def test_shapes_past_any_picture_mark_nothing_and_raise_nothing(tmp_path):
+    # a size stated as a hair above zero: the shares overflow
+    tiny = tmp_path / "a.xml"
+    tiny.write_text("<annotation><size><width>1e-310</width><height>1e-310</height></size><object><name>d</name>"
+                    "<bndbox><xmin>1</xmin><ymin>1</ymin><xmax>5</xmax><ymax>5</ymax></bndbox></object></annotation>")
+    assert boxes.read_shapes(tiny).pixel_boxes == ((0.0, 0.0, 5.0, 5.0),)  # taken as the photo's own pixels
+    labelme = tmp_path / "b.json"
+    labelme.write_text('{"shapes": [{"shape_type": "rectangle", "points": [[1, 1], [1e10, 5]]}, {"shape_type": '
+                       '"polygon", "points": [[1, 1], [1e300, 5], [3, 9]]}], "imageWidth": 1e-300, "imageHeight": 20}')
+    assert boxes.rasterise(boxes.read_shapes(labelme), H, W).sum() == 0
+    huge = boxes.Shapes(boxes=((0.1, 0.1, float("inf"), 0.5), (0.0, 0.0, 0.5, 0.5)), polygons=(((0, 0), (1e300, 0), (0, 1)),))
+    marked = boxes.rasterise(huge, H, W)[0].numpy()
+    assert marked.sum() == 10 * 20 and marked[:10, :20].all()  # the one drawable box

@@ -55,6 +55,8 @@ JSON_MAX_BYTES = 64 << 20
 CIRCLE_CORNERS = 24
 # Pixels by which a box edge may miss a pixel's edge and still be taken as on it.
 EDGE_SLACK = 1e-3
+# Shares (or pixels) beyond which a shape is no label of the photo: far outside any picture.
+MAX_COORDINATE = 1e6
 
 
 def is_box_file(path: str | Path) -> bool:
@@ -113,17 +115,25 @@ def rasterise(shapes: Shapes, height: int, width: int) -> torch.Tensor:
 
     canvas = Image.new("L", (width, height), 0)
     draw = ImageDraw.Draw(canvas)
-    for polygon in shapes.polygons:
+    for polygon in filter(_drawable, shapes.polygons):
         # shares -> pixel centres: share 0 is the first pixel's left edge
         draw.polygon([(x * width - 0.5, y * height - 0.5) for x, y in polygon], fill=1, outline=1)
     out = torch.frombuffer(bytearray(canvas.tobytes()), dtype=torch.uint8).view(1, height, width)
     pixels = [(x0 * width, y0 * height, x1 * width, y1 * height) for x0, y0, x1, y1 in shapes.boxes]
-    for x0, y0, x1, y1 in pixels + list(shapes.pixel_boxes):
+    for x0, y0, x1, y1 in filter(_drawable, pixels + list(shapes.pixel_boxes)):
         # shares written to 6 decimals (YOLO files) land a hair off a pixel's edge: not a pixel more
         c0, c1 = max(math.floor(x0 + EDGE_SLACK), 0), min(math.ceil(x1 - EDGE_SLACK), width)
         r0, r1 = max(math.floor(y0 + EDGE_SLACK), 0), min(math.ceil(y1 - EDGE_SLACK), height)
         out[:, r0:r1, c0:c1] = 1
     return out
+
+
+def _drawable(shape: tuple) -> bool:
+    """Whether every coordinate is a number a drawing takes: a share of a size stated as a
+    hair above zero (1e-300 px) is infinite or past what Pillow's C ints hold; such a shape
+    marks nothing rather than stop a loader worker."""
+    values = [v for item in shape for v in (item if isinstance(item, tuple) else (item,))]
+    return all(math.isfinite(v) and abs(v) < MAX_COORDINATE for v in values)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -161,19 +171,23 @@ def _voc(data: bytes) -> Shapes | None:
             return None  # an object without its box: not a file to guess at
         x0, y0, x1, y1 = corners  # type: ignore[misc]
         edges.append((x0 - 1, y0 - 1, x1, y1))  # 1-based inclusive pixels -> the edges they span
-    if not (width and height):
-        # Without <size> (or with a zero one, as some converters write) the pixels are the photo's own.
+    if not (width and height and width >= 1 and height >= 1):
+        # Without <size> (or with a zero one, as some converters write; a picture has a pixel at
+        # least, and shares of less would overflow) the pixels are the photo's own.
         return Shapes(pixel_boxes=tuple(edges), labels=tuple(labels))
     return Shapes(boxes=tuple((x0 / width, y0 / height, x1 / width, y1 / height) for x0, y0, x1, y1 in edges),
                   labels=tuple(labels), frame=(width, height))
 
 
 def _number(node: ET.Element, path: str) -> float | None:
+    """A finite number, else None: float() reads "inf", "nan" and "1e400", and an infinite
+    box edge would stop the drawing of the mask with an OverflowError in a loader worker."""
     found = node.find(path)
     try:
-        return float(found.text) if found is not None and found.text else None
+        value = float(found.text) if found is not None and found.text else None
     except ValueError:
         return None
+    return value if value is not None and math.isfinite(value) else None
 
 
 def _labelme(data: bytes) -> Shapes | None:
