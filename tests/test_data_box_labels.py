@@ -202,6 +202,8 @@ def test_cvat_coco_boxes_and_polygons_land_where_their_pixels_are(tmp_path):
     '{"classes": ["ok", "scratch"], "counts": {}}',  # JSON, not COCO (dtrain data synth's manifest)
     '{"images": [], "annotations": [', '{"images": [], "annotations": ' + "[" * 100000 + "]" * 100000 + "}",
     # damaged; nested past the parser
+    '{"images": [{"id": 1, "file_name": "a.png", "width": 1' + "0" * 400 + ', "height": 30}], "annotations": []}',
+    # a size of more digits than a float holds (json reads it as an int; converting it overflowed)
 ])
 def test_json_that_is_not_a_readable_coco_file_labels_nothing(tmp_path, text):
     from dtrain.data import mask_targets
@@ -280,6 +282,8 @@ def test_labelme_shapes_land_where_their_points_are(tmp_path):
     '{"camera": "acA2440", "exposure_us": 800}',  # a camera's metadata beside the photo
     '{"shapes": [{"shape_type": "polygon", "points": [[1, 1], [2]]}], "imageWidth": 40, "imageHeight": 30}',
     '{"shapes": [], "imageWidth": 0, "imageHeight": 30}', '{"shapes": ',
+    '{"shapes": [{"shape_type": "rectangle", "points": [[1, 1], [1' + "0" * 400 + ', 5]]}], "imageWidth": 40, '
+    '"imageHeight": 30}',  # a point of more digits than a float holds
 ])
 def test_json_beside_a_photo_that_is_not_labelme_gives_no_mask(tmp_path, text):
     from dtrain.data import mask_targets

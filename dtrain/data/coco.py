@@ -160,10 +160,16 @@ def _polygons(seg: object, width: float, height: float) -> list[tuple[tuple[floa
 
 
 def finite(v: object) -> float | None:
-    """A JSON number as a float; None for anything else (true, a string, NaN, an infinity)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    """A JSON number as a float; None for anything else (true, a string, NaN, an infinity,
+    an integer of more digits than a float holds: json reads those as Python ints, and
+    converting one raises OverflowError, which stopped the layout scan)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
-    return float(v)
+    try:
+        value = float(v)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _hashable(v: object) -> object:
