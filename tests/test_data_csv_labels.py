@@ -104,6 +104,7 @@ def test_split_folders_and_a_table_without_a_header(tmp_path):
     (["file,split,label", "a.png,train,ok", "a.png,test,ok"], "lists a.png twice, in the train and the test split"),
     (["id,label", "1,ok", "2,dent"], "no column of"),
     (["file,label", "a.png,ok,extra"], "same number"),
+    (["file,label", "a.png,ok", 'a.png,"' + "x" * 200_000 + '"'], "cannot be read as CSV: field larger than field limit"),
 ])
 def test_what_a_table_cannot_say_is_refused(tmp_path, rows, said):
     _photo(tmp_path / "a.png", 0)

@@ -140,7 +140,11 @@ def _records(table: Path) -> tuple[list[str], list[list[str]]]:
         dialect = csv.Sniffer().sniff(text[:SNIFF_BYTES], delimiters=",;\t|")
     except csv.Error:
         dialect = csv.excel
-    lines = [r for r in csv.reader(text.splitlines(), dialect) if any(c.strip() for c in r)]
+    try:
+        lines = [r for r in csv.reader(text.splitlines(), dialect) if any(c.strip() for c in r)]
+    except csv.Error as exc:  # a field past csv's limit (128 KiB), or quoting it cannot read
+        raise DtrainError(f"the label table {table} cannot be read as CSV: {exc}",
+                          "one row per photo, its file and its class, e.g. file,label; save it again as plain CSV") from None
     if len(lines) < 2:
         raise DtrainError(f"the label table {table} has no rows", "one row per photo: its file and its class")
     width = len(lines[0])
