@@ -55,6 +55,8 @@ def read_mapping(path: str | Path) -> dict[str, Any]:
         loaded = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    except RecursionError:  # PyYAML recurses per nesting level: "[[[...]]]" a thousand deep
+        raise ConfigError(f"{path} is not valid YAML: nested too deeply to read") from None
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path} must hold a mapping of keys to values, not {type(loaded).__name__}")
     return loaded

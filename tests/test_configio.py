@@ -44,6 +44,16 @@ def test_missing_config_file(tmp_path):
         load_config(TrainConfig, tmp_path / "nope.yaml")
 
 
+@pytest.mark.parametrize("text,said", [("epochs: [1, 2\n", "is not valid YAML"),
+                                        ("epochs: " + "[" * 2000 + "]" * 2000 + "\n", "nested too deeply")])
+def test_a_config_that_is_not_yaml_is_a_config_error(tmp_path, text, said):
+    """PyYAML recurses per nesting level: a file nested a thousand deep raised RecursionError."""
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=said):
+        load_config(TrainConfig, path)
+
+
 def test_cli_help_and_version(dtrain_cmd):
     out = subprocess.run([*dtrain_cmd, "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0

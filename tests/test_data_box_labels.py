@@ -410,6 +410,8 @@ def test_a_hostile_names_file_names_nothing(tmp_path):
         f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
     (tmp_path / "data.yaml").write_text("\n".join(levels) + "\nnames: [*a8, ok]\n")
     assert yolo_names(tmp_path) == {}
+    (tmp_path / "data.yaml").write_text("names: " + "[" * 2000 + "]" * 2000 + "\n")  # PyYAML recursed out of its stack
+    assert yolo_names(tmp_path) == {}
     (tmp_path / "data.yaml").write_text("names: {0: crazing, 1: pitted}\n")
     assert yolo_names(tmp_path) == {"0": "crazing", "1": "pitted"}
 

@@ -138,6 +138,10 @@ def test_flags_and_files_choose_slurm(tmp_path):
     assert slurm_from_args(None, None, "debug", None).slurm.nodes == 1
     with pytest.raises(ConfigError, match="--hosts"):
         slurm_from_args(None, "gpu1", "debug", None)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("scheduler: slurm\nslurm: {partition: gpu\n")  # a brace left open: a ConfigError, no traceback
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        slurm_from_args(bad, None, None, None)
 
 
 def test_the_first_failing_node_is_read_from_sruns_report(tmp_path):

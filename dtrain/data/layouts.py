@@ -489,7 +489,9 @@ def _classes_txt(folder: Path, seen: dict[Path, dict[str, str]]) -> dict[str, st
     files; {} without one. Looked up where the box files are, not by a walk of the whole set."""
     if folder not in seen:
         try:
-            lines = [line.strip() for line in (folder / "classes.txt").read_text(errors="replace").splitlines()[:10_000]]
+            with open(folder / "classes.txt", "rb") as f:  # a names file is small: what is past the cap is not read
+                text = f.read(NAMES_MAX_BYTES).decode("utf-8", errors="replace")
+            lines = [line.strip() for line in text.splitlines()[:10_000]]
         except OSError:
             lines = []
         seen[folder] = {str(i): name for i, name in enumerate(lines) if name}
@@ -503,7 +505,7 @@ def _yaml_names(path: Path) -> dict[str, str]:
         if path.stat().st_size > NAMES_MAX_BYTES:
             return {}
         doc = yaml.safe_load(path.read_text(errors="replace"))
-    except (OSError, yaml.YAMLError):
+    except (OSError, yaml.YAMLError, RecursionError):  # PyYAML recurses per level: "[[[...]]]" 1000 deep
         return {}
     names = doc.get("names") if isinstance(doc, dict) else None
     pairs = list(enumerate(names)) if isinstance(names, list) else list(names.items()) if isinstance(names, dict) else []

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
-from dtrain.configio import StrictModel, load_config, validate
+from dtrain.configio import StrictModel, load_config, read_mapping, validate
 from dtrain.errors import ConfigError
 from dtrain.jobs import secrets
 from dtrain.launch.node import MARK
@@ -138,11 +138,9 @@ def slurm_from_args(cluster_file: str | Path | None, hosts: str | None, partitio
     flags override the file."""
     import sys
 
-    import yaml
-
     data = None
     if cluster_file is not None and Path(cluster_file).is_file():
-        loaded = yaml.safe_load(Path(cluster_file).read_text())
+        loaded = read_mapping(cluster_file)  # bad YAML is a ConfigError, as for every other config file
         data = loaded if isinstance(loaded, dict) and loaded.get("scheduler") == "slurm" else None
     if data is None and partition is None and nodes is None:
         if requeue:
