@@ -60,3 +60,15 @@ def test_cli_help_and_version(dtrain_cmd):
     assert "Usage" in out.stdout
     out = subprocess.run([*dtrain_cmd, "--version"], capture_output=True, text=True, timeout=60)
     assert out.stdout.startswith("dtrain ")
+
+
+def test_a_path_that_is_not_utf8_is_printed_not_fatal_under_a_strict_locale(dtrain_cmd, tmp_path):
+    """A folder unpacked from a Windows zip may name bytes that are not UTF-8; under en_US.UTF-8
+    Python's stdout refuses them (strict), and printing the path stopped the command."""
+    import os
+
+    out_dir = os.fsdecode(os.fsencode(tmp_path) + b"/d\xe9faut")
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8:strict"}
+    out = subprocess.run([*dtrain_cmd, "data", "synth", out_dir, "-n", "30"], capture_output=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr.decode(errors="replace")[-500:]
+    assert b"d\\udce9faut" in out.stdout and os.path.isdir(out_dir)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import shutil
 from pathlib import Path
 
@@ -197,6 +198,23 @@ def test_corrupt_images_are_reported_and_skipped_through_worker_processes(synth_
     assert seen == 2 * (len(ds) - 2)
     assert sorted(ds.bad_files) == bad
     assert "zz_text.png" in "".join(ds.bad_reasons)
+
+
+def test_unreadable_files_with_awkward_names_are_reported_by_their_exact_names(synth_data, tmp_path):
+    """A name may hold a newline or a tab, or bytes that are not UTF-8 (a Windows zip unpacked
+    here: Python keeps them as surrogates, which a UTF-8 write refused, so reporting the
+    file stopped the loader)."""
+    root, _ = _corrupt_copy(synth_data, tmp_path)
+    folder = os.fsencode(root / "val" / "ok")
+    for name in (b"new\nline.png", b"tab\tbed.png", b"d\xe9faut.png"):
+        with open(folder + b"/" + name, "wb") as f:
+            f.write(b"not a png")
+    odd = sorted(os.fsdecode(folder + b"/" + n) for n in (b"new\nline.png", b"tab\tbed.png", b"d\xe9faut.png"))
+    ds = open_split(DataConfig(root=str(root), image_size=32, cache_decoded=False), "val", train=False)
+    loader = DataLoader(ds, batch_size=64, num_workers=2, collate_fn=collate_skip_bad)
+    assert sum(images.shape[0] for images, _ in loader) == len(ds) - 5
+    assert set(odd) <= set(ds.bad_files) and len(ds.bad_files) == 5
+    assert "ImageRefused" in ds.bad_reasons[odd[0]]
 
 
 def test_collate_of_only_bad_samples_is_an_empty_batch():

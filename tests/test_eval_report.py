@@ -57,6 +57,15 @@ def test_report_is_self_contained(tmp_path):
     assert "33.33 %" in page  # the miss rate
 
 
+def test_a_file_name_that_is_not_utf8_does_not_lose_the_report(tmp_path):
+    """Python keeps such a name (a Windows zip's, unpacked here) as surrogates; a UTF-8 write
+    refused them at the very end of a run."""
+    result, test = _fixture(tmp_path)
+    result["misses"] = [{**result["misses"][0], "path": str(tmp_path / "d\udce9faut.png")}]
+    json_path, html_path = write_report(tmp_path / "out", result, tmp_path / "eval")
+    assert "faut.png" in html_path.read_text(encoding="utf-8") and json.loads(json_path.read_text())["misses"]
+
+
 def test_eval_missing_checkpoint_names_it(tmp_path, dtrain_cmd):
     missing = tmp_path / "nope" / "last.pt"
     data = tmp_path / "data"

@@ -58,8 +58,19 @@ def _register_all() -> None:
 _register_all()
 
 
+def _printable_paths() -> None:
+    """File names of bytes that are not UTF-8 (a Windows zip unpacked here) reach Python as
+    surrogates. Under a C.UTF-8 locale stdout writes them back as the bytes they were; under
+    en_US.UTF-8 it is strict and a warning naming such a photo would stop the command. There
+    they are written as escapes (\\udce9) instead."""
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    _printable_paths()
     show_traceback = "--traceback" in args
     try:
         app(args=args, prog_name="dtrain", standalone_mode=True)

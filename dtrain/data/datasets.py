@@ -10,6 +10,7 @@ with it), and `collate_skip_bad` drops the Nones from the batch.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tempfile
@@ -137,8 +138,11 @@ class InspectionDataset(Dataset):
             return
         self._bad_local[path] = reason
         log.warning("skipping unreadable image %s (%s)", path, reason)
-        with open(self._bad_log, "a", encoding="utf-8") as fh:  # one short O_APPEND write
-            fh.write(f"{path}\t{reason}\n")
+        # One short O_APPEND write: a JSON line, since a file name may hold a tab, a newline or
+        # (unpacked from a Windows zip) bytes that are not UTF-8, which Python keeps as surrogates
+        # and a UTF-8 text write refuses; json escapes all three.
+        with open(self._bad_log, "a", encoding="ascii") as fh:
+            fh.write(json.dumps([path, reason]) + "\n")
 
     @property
     def bad_reasons(self) -> dict[str, str]:
@@ -147,7 +151,10 @@ class InspectionDataset(Dataset):
         try:
             with open(self._bad_log, encoding="utf-8") as fh:
                 for line in fh:
-                    path, _, reason = line.rstrip("\n").partition("\t")
+                    try:
+                        path, reason = json.loads(line)
+                    except ValueError:  # a line torn by a killed worker
+                        continue
                     found.setdefault(path, reason)
         except FileNotFoundError:
             pass

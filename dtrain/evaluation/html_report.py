@@ -239,5 +239,7 @@ def write_report(
     json_path = out_dir / "report.json"
     json_path.write_text(json.dumps(json_safe(report), indent=2) + "\n")
     html_path = out_dir / "report.html"
-    html_path.write_text(render_html(report, eval_dir, curves, title))
+    # A file name of bytes that are not UTF-8 (a Windows zip's) is kept by Python as surrogates, which
+    # a UTF-8 write refuses: shown as a replacement character rather than losing the report at the end of a run.
+    html_path.write_text(render_html(report, eval_dir, curves, title), encoding="utf-8", errors="replace")
     return json_path, html_path
