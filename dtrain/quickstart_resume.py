@@ -101,11 +101,13 @@ def fingerprint(data: Any) -> str:
             h.update(f"{split}: absent\n".encode())
             continue
         for path, target in zip(listing.paths, listing.targets):
+            # os.fsencode: the name's own bytes, also for one that is not UTF-8 (a Windows zip's),
+            # which Python keeps as surrogates and str.encode() refuses.
             try:
                 st = os.stat(path)
-                h.update(f"{split}\0{path}\0{target}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+                h.update(f"{split}\0".encode() + os.fsencode(path) + f"\0{target}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
             except OSError:
-                h.update(f"{split}\0{path}\0gone\n".encode())
+                h.update(f"{split}\0".encode() + os.fsencode(path) + b"\0gone\n")
     return h.hexdigest()
 
 

@@ -197,6 +197,11 @@ def test_fingerprint_follows_the_images(tmp_path, synth_data):
         resume.check_images(_state(), added, tmp_path)
     (root / "train" / "ok" / "added.png").unlink()
     assert resume.fingerprint(cfg) == first
+    # a name of bytes that are not UTF-8 (a Windows zip's): str.encode() refused it, and
+    # `dtrain quickstart --data` stopped before training
+    odd = os.fsdecode(os.fsencode(root / "train" / "ok") + b"/d\xe9faut.png")
+    shutil.copy(image, odd)
+    assert resume.fingerprint(cfg) not in (first, added)
 
 
 def test_recipe_round_trip():

@@ -184,7 +184,7 @@ def tree_digest(path, limit):
                     size = os.path.getsize(full)
                 except OSError:
                     size = -1
-                h.update((os.path.relpath(full, path) + "\0" + str(size) + "\n").encode())
+                h.update(os.fsencode(os.path.relpath(full, path)) + f"\0{size}\n".encode())  # a name's own bytes
                 n += 1
                 if n >= limit:
                     break
