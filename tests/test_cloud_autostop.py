@@ -64,7 +64,7 @@ def _watchers(node_home: Path) -> list[str]:
     found = []
     for proc in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            cmd = proc.read_bytes().replace(b"\0", b" ").decode()
+            cmd = proc.read_bytes().replace(b"\0", b" ").decode(errors="replace")  # any process: any bytes
         except OSError:
             continue
         if "autostop_node.py watch" in cmd and str(node_home) in cmd:
