@@ -195,25 +195,22 @@ def decode(
     """Encoded image -> uint8 [3, H, W] RGB; raises ImageRefused (nothing else) for any
     file it will not or cannot decode. The decode itself runs inside `admit(decode_bytes)`
     (the service's memory budget shared by concurrent decodes). `sample_bits`: see the module."""
-    return decode_oriented(data, max_pixels=max_pixels, max_decode_bytes=max_decode_bytes, admit=admit,
-                           sample_bits=sample_bits)[0]
+    return _tensor(data, max_pixels, max_decode_bytes, admit, sample_bits)[1]
 
 
-def decode_oriented(
-    data: bytes,
-    *,
-    max_pixels: int = DEFAULT_MAX_PIXELS,
-    max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES,
-    admit: Admit = lambda _nbytes: nullcontext(),
-    sample_bits: int = FULL_BITS,
-) -> tuple[torch.Tensor, int]:
-    """`decode`, and the EXIF orientation it applied (1: none), which a label drawn on the
-    stored pixels needs to be turned with them (dtrain.data.shapes)."""
+def decode_oriented(data: bytes, *, sample_bits: int = FULL_BITS) -> tuple[torch.Tensor, int]:
+    """`decode` at the default limits, and the EXIF orientation it applied (1: none), which a
+    label drawn on the stored pixels needs to be turned with them (dtrain.data.shapes)."""
+    header, img = _tensor(data, DEFAULT_MAX_PIXELS, DEFAULT_MAX_DECODE_BYTES, lambda _nbytes: nullcontext(), sample_bits)
+    return img, header.orientation
+
+
+def _tensor(data: bytes, max_pixels: int, max_decode_bytes: int, admit: Admit, sample_bits: int) -> tuple[Header, torch.Tensor]:
     header, img = _checked_decode(data, max_pixels, max_decode_bytes, admit,
                                   lambda d, h: _decode_tensor(d, h, sample_bits))
     if img.ndim != 3 or img.shape[0] != 3:  # the header check makes this unreachable; the batch stack relies on it
         raise ImageRefused(f"the {header.format} decoded to shape {tuple(img.shape)}, not one RGB image")
-    return img, header.orientation
+    return header, img
 
 
 def decode_pil(
