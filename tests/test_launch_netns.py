@@ -7,6 +7,7 @@ this repository and this virtualenv at the same paths, like nodes on a NAS.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import signal
 import subprocess
@@ -194,6 +195,8 @@ def test_code_sync_over_ssh_to_a_node_with_its_own_workdir(netns_cluster, dtrain
         "import os\nprint('cwd=' + os.getcwd(), 'ignored-file-there=' + str(os.path.exists('big.bin')))\n")
     (proj / "big.bin").write_bytes(b"x" * 100)
     (proj / ".gitignore").write_text("big.bin\n")
+    with open(os.fsencode(proj) + b"/d\xe9faut.txt", "wb") as fh:  # a name that is not UTF-8 (a Windows zip's)
+        fh.write(b"latin-1 name\n")
     subprocess.run(["git", "init", "-q", str(proj)], check=True)
     yaml = netns_cluster.cluster_yaml(2, node_extra={"h1": f"    workdir: {proj}", "h2": f"    workdir: {elsewhere}"})
     run = Run(str(yaml), "--no-preflight", "--no-monitor", "--port", str(free_port()), "--", "python", "show.py",
@@ -201,8 +204,10 @@ def test_code_sync_over_ssh_to_a_node_with_its_own_workdir(netns_cluster, dtrain
     assert run.finish() == 0, run.output()
     assert f"[h2:r1] cwd={elsewhere} ignored-file-there=False" in run.lines, run.output()
     assert f"[h1:r0] cwd={proj} ignored-file-there=True" in run.lines  # h1 shares the head's directory
-    assert "[dtrain] code copied to h2 (2 files)" in run.lines
+    assert "[dtrain] code copied to h2 (3 files)" in run.lines
     assert (elsewhere / "show.py").exists() and not list(proj.glob(".dtrain-sync-*"))
+    with open(os.fsencode(elsewhere) + b"/d\xe9faut.txt", "rb") as fh:  # rsync got the name's own bytes
+        assert fh.read() == b"latin-1 name\n"
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 import subprocess
 import sys
 
@@ -66,6 +67,34 @@ def test_copies_to_a_node_that_does_not_see_the_directory(tmp_path, monkeypatch)
     assert (remote / "setup-ran.txt").read_text() == "ready\n"  # setup runs in the node's workdir
     assert "code copied to other (3 files)" in out
     assert not list(proj.glob(".dtrain-sync-*")), "the marker is removed afterwards"
+
+
+def test_file_names_that_are_not_utf8_are_copied_as_their_own_bytes(tmp_path, monkeypatch):
+    # A data or asset file from a Windows zip unpacked here: its name is Latin-1 bytes.
+    # git lists it raw (-z); it used to stop the listing (strict decode) and the tar feed.
+    remote = tmp_path / "remote"
+    proj = _project(tmp_path / "proj")
+    odd = os.fsencode(proj) + b"/pkg/d\xe9faut.txt"
+    with open(odd, "wb") as fh:
+        fh.write(b"tracked\n")
+    with open(os.fsencode(proj) + b"/t\xe2che\tnotes.txt", "wb") as fh:  # untracked, a tab too
+        fh.write(b"untracked\n")
+    subprocess.run(["git", "-C", str(proj), "add", "pkg"], check=True)
+    monkeypatch.chdir(proj)
+    # a setup command: the code is looked for, and copied, before the launch
+    cluster = ClusterSpec.model_validate({"nodes": [{"name": "other", "host": "local", "workdir": str(remote),
+                                                      "setup": ["true"]}]})
+    plan = build_plan(JobSpec(command=["python", "train.py"]), cluster.nodes, "J", head_cwd=str(proj))
+    sync = for_plan(plan)
+    sync.write()
+    try:
+        prepare_nodes(plan, cluster, {"other": runner_for(cluster.nodes[0], cluster)}, sync, out=io.StringIO())
+    finally:
+        sync.remove()
+    with open(os.fsencode(remote) + b"/pkg/d\xe9faut.txt", "rb") as fh:
+        assert fh.read() == b"tracked\n"
+    with open(os.fsencode(remote) + b"/t\xe2che\tnotes.txt", "rb") as fh:
+        assert fh.read() == b"untracked\n"
 
 
 def test_shared_directory_is_not_copied_and_never_sync_is_honoured(tmp_path, monkeypatch):

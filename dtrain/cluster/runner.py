@@ -16,6 +16,7 @@ job's shared connection (`open_job` / `close_job`), copying a tree of files to t
 from __future__ import annotations
 
 import difflib
+import os
 import subprocess
 from pathlib import Path
 from abc import ABC, abstractmethod
@@ -85,7 +86,7 @@ class CommandRunner(ABC):
     def copy_tree(self, root: Path, files: list[str], workdir: str) -> None:
         """Copy `files` (paths relative to `root`) into `workdir` on the node: a tar stream
         through `popen`, which works for every runner; raises DtrainError."""
-        listing = "".join(f + "\0" for f in files).encode()
+        listing = b"".join(os.fsencode(f) + b"\0" for f in files)
         tar = subprocess.Popen(["tar", "-C", str(root), "--null", "-T", "-", "-cf", "-"],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         recv = self.popen(["sh", "-c", 'mkdir -p "$1" && exec tar -C "$1" -xf -', "sh", workdir],

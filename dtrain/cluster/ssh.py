@@ -85,7 +85,7 @@ class SshRunner(CommandRunner):
             cmd = ["rsync", "-a", "--from0", "--files-from=-", "-e", shlex.join(ssh),
                    "--rsync-path", f"mkdir -p {shlex.quote(workdir)} && rsync",
                    f"{root}/", f"{self.node.host}:{workdir}/"]
-            listing = "".join(f + "\0" for f in files).encode()
+            listing = b"".join(os.fsencode(f) + b"\0" for f in files)
             res = subprocess.run(cmd, input=listing, capture_output=True, timeout=COPY_TIMEOUT)
             if res.returncode == 0:
                 return

@@ -90,7 +90,9 @@ def files_to_sync(root: Path) -> list[str]:
             ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
             capture_output=True, timeout=60, check=True,
         ).stdout
-        return sorted(p for p in out.decode().split("\0")
+        # git prints names as stored (-z: unquoted); one that is not UTF-8 (a file from a
+        # Windows zip) is kept as Python keeps any such name, and sent back as its own bytes.
+        return sorted(p for p in (os.fsdecode(b) for b in out.split(b"\0"))
                       if p and not _is_marker(p) and (root / p).is_file())
     except (OSError, subprocess.SubprocessError):
         pass
