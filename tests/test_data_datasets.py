@@ -217,6 +217,24 @@ def test_unreadable_files_with_awkward_names_are_reported_by_their_exact_names(s
     assert "ImageRefused" in ds.bad_reasons[odd[0]]
 
 
+def test_a_class_folder_named_in_bytes_that_are_not_utf8_is_refused_up_front(synth_data, class_folders_data, tmp_path):
+    """A class name is text in every report, plot, exported model and answer of the service;
+    the old code trained and then failed in the report's plots (matplotlib refuses a
+    surrogate), after the whole run."""
+    root = tmp_path / "split"
+    shutil.copytree(synth_data, root)
+    for split in ("train", "val", "test"):
+        os.rename(os.fsencode(root / split / "pit"), os.fsencode(root / split) + b"/piq\xfbre")
+    with pytest.raises(DtrainError, match=r"the class name b'piq\\xfbre' in .* is not UTF-8 text") as err:
+        open_split(DataConfig(root=str(root), image_size=32), "train", train=True)
+    assert "convmv -f cp1252 -t utf8" in err.value.hint
+    flat = tmp_path / "flat"
+    shutil.copytree(class_folders_data, flat, symlinks=True)
+    os.rename(os.fsencode(flat / "dent"), os.fsencode(flat) + b"/\xb0dent")
+    with pytest.raises(DtrainError, match="is not UTF-8 text"):
+        open_split(DataConfig(root=str(flat), layout="classfolders", image_size=32), "val", train=False)
+
+
 def test_collate_of_only_bad_samples_is_an_empty_batch():
     images, labels = collate_skip_bad([None, None])
     assert images.shape[0] == 0 and labels.shape == (0,) and labels.dtype == torch.int64

@@ -71,6 +71,51 @@ def test_push_local_verify_info_and_webdataset_reads_it(synth_data, tmp_path):
 
 
 @pytest.mark.slow
+def _copy_set(synth_data, dest: Path) -> Path:
+    shutil.copytree(synth_data, dest)
+    return dest
+
+
+def test_photo_names_that_are_not_utf8_push_and_read_back(synth_data, tmp_path):
+    # A Windows zip unpacked here names its files in cp1252 bytes; such a photo is pushed,
+    # verified and read back like any other, under its own name.
+    src = _copy_set(synth_data, tmp_path / "src")
+    ok = os.fsencode(src / "val" / "ok")
+    first = sorted(os.listdir(ok))[0]
+    os.rename(ok + b"/" + first, ok + b"/d\xe9faut.png")
+    dest = tmp_path / "pushed"
+    push(DataConfig(root=str(src)), open_store(str(dest)), parse_size(SHARD))
+    assert verify(open_store(str(dest))).ok
+    assert info(open_store(str(dest)))["splits"]["val"]["count"] == len(list((src / "val").rglob("*.png")))
+    data = open_shard_split(DataConfig(root=str(dest)), "val", train=False)
+    i = data.paths.index(os.path.join("val", "ok", os.fsdecode(b"d\xe9faut.png")))
+    with open(ok + b"/d\xe9faut.png", "rb") as fh:
+        assert data.fetch([i])[0] == fh.read()
+    assert data[i] is not None  # and decodes
+
+
+def test_a_class_name_that_is_not_utf8_is_refused_before_anything_is_pushed(synth_data, tmp_path):
+    # Before: the push went through and its manifest could not be read back ("lone leading
+    # surrogate"); a training run from the folder met the name only in its report's plots.
+    src = _copy_set(synth_data, tmp_path / "src")
+    for split in ("train", "val", "test"):
+        os.rename(os.fsencode(src / split / "stain"), os.fsencode(src / split) + b"/t\xe2che")
+    dest = tmp_path / "pushed"
+    with pytest.raises(DtrainError, match=r"the class name b't\\xe2che' in .* is not UTF-8 text") as err:
+        push(DataConfig(root=str(src)), open_store(str(dest)), parse_size(SHARD))
+    assert "convmv" in str(err.value) and not (dest / MANIFEST).exists()
+    res = run_cli(["data", "push", str(src), str(dest)])
+    assert res.returncode != 0 and "is not UTF-8 text" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_set_without_a_test_folder_pushes_the_splits_it_has(synth_data, tmp_path):
+    src = _copy_set(synth_data, tmp_path / "src")
+    shutil.rmtree(src / "test")
+    dest = tmp_path / "pushed"
+    push(DataConfig(root=str(src)), open_store(str(dest)), parse_size(SHARD))
+    assert sorted(load_manifest(open_store(str(dest))).splits) == ["train", "val"]
+
+
 def test_interrupted_push_resumes_without_reupload(synth_data, s3_server, monkeypatch, tmp_path):
     for k, v in s3_server.env().items():
         monkeypatch.setenv(k, v)

@@ -50,6 +50,7 @@ reads as defect-free ("MT_Free", "ok_front", "no_defect": `says_defect_free`), a
 from __future__ import annotations
 
 import functools
+import os
 import random
 import re
 from collections.abc import Callable
@@ -97,6 +98,11 @@ def scan(cfg: DataConfig, split: str) -> Listing:
             f"unknown data layout '{cfg.layout}'", f"valid layouts: {', '.join(sorted(LAYOUTS))}"
         ) from None
     return layout(cfg, split)
+
+
+class SplitMissing(DtrainError):
+    """The layout has no folder for this split: a caller listing every split it might hold
+    skips this one, where any other error stops it."""
 
 
 def _require_dir(path: Path, what: str, hint: str | None = None) -> None:
@@ -153,6 +159,8 @@ def says_defect_free(name: str) -> bool:
 
 def _listing(classes: list[str], negative: str | None, where: Path, files: dict[str, list[Path]],
              left_out: dict[str, str]) -> Listing:
+    for name in classes:
+        _require_text(name, where)
     neg = resolve_negative(classes, negative, where)
     paths: list[str] = []
     targets: list[int] = []
@@ -163,6 +171,24 @@ def _listing(classes: list[str], negative: str | None, where: Path, files: dict[
     return Listing(classes, neg, paths, targets, left_out)
 
 
+def _require_text(name: str, where: Path) -> None:
+    """A class name goes into reports, plots, the exported model and the service's JSON
+    answers, all of which need text. A folder name that is not UTF-8 (a Windows zip unpacked
+    here: cp1252, cp437 or GBK bytes) reaches Python as surrogates, which the run would meet
+    only at its end (the report's plots raised after training), and a pushed data set could
+    not be read back. So it is refused before anything runs; its photo file names may be
+    any bytes."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise DtrainError(
+            f"the class name {os.fsencode(name)!r} in {where} is not UTF-8 text (a class name goes into the "
+            "reports, the exported model and the service's answers)",
+            "rename it to UTF-8: names from a zip made on Windows are usually cp1252, cp437 or gbk, e.g. "
+            f"`convmv -f cp1252 -t utf8 -r --notest {where}` (or unpack with `unzip -O cp437`)",
+        ) from None
+
+
 def imagefolder(cfg: DataConfig, split: str) -> Listing:
     if cfg.val_from_train > 0:
         return _val_from_train(cfg, split)
@@ -171,7 +197,7 @@ def imagefolder(cfg: DataConfig, split: str) -> Listing:
     split_dir = root / split
     if not split_dir.is_dir():
         found = ", ".join(_class_dirs(root)) or "nothing"
-        raise DtrainError(
+        raise SplitMissing(
             f"split '{split}' not found: {split_dir} is missing (found: {found})",
             f"expected ROOT/<split>/<class>/*.png; `dtrain data synth {root}` writes that layout; for "
             "ROOT/<class>/* without split folders set data.layout=classfolders",
@@ -308,7 +334,9 @@ def _mvtec_categories(root: Path) -> list[str]:
 
 def _shuffled(files: list[Path], seed: int, name: str) -> list[Path]:
     out = list(files)
-    random.Random(f"{seed}:{name}").shuffle(out)  # str seeds hash deterministically
+    # A str seed hashes deterministically (its UTF-8 bytes); the name's own bytes are the same
+    # seed, and also take a name that is not UTF-8 as far as _listing, which says so.
+    random.Random(os.fsencode(f"{seed}:{name}")).shuffle(out)
     return out
 
 

@@ -114,7 +114,7 @@ def push(
     splits: list[str] | None = None,
     recheck: bool = False,
 ) -> PushReport:
-    from dtrain.data.layouts import scan
+    from dtrain.data.layouts import SplitMissing, scan
 
     t0 = time.perf_counter()
     store.check_reachable()
@@ -123,9 +123,11 @@ def push(
     for split in wanted:
         try:
             listings[split] = scan(src, split)
-        except DtrainError:
+        except SplitMissing:
             if splits:  # asked for by name: its absence is the user's error to see
                 raise
+        # Any other error (a class name that is not text, a broken label table) stops the
+        # push: skipping that split would push a data set without it, and say nothing.
     if not listings:
         raise DtrainError(f"no split of {', '.join(wanted)} found under {src.root}",
                           "point SRC at a data set folder (e.g. one made by `dtrain data synth`)")
