@@ -165,3 +165,24 @@ def test_choose_threshold_bound_calibration_is_stricter():
     assert m.choose_threshold(p, d, 0.005, "rate").highest == pytest.approx(0.004)
     strict = m.choose_threshold(p, d, 0.005, "bound95")
     assert strict.highest == pytest.approx(0.001) and strict.val_miss.k == 0
+
+
+def test_class_names_are_drawn_as_written_not_as_formulas(tmp_path):
+    """A class folder may be named `a$\\x$b` or `x^2$_$`: matplotlib's mathtext read two "$"
+    as a formula and raised (after the whole training run, in its report) or typeset it."""
+    from dtrain.evaluation import plots
+
+    classes = ["ok", "a$\\x$b", "x^2$_$", "cost $5 or $6"]
+    cm = np.diag([5, 1, 1, 1])
+    result = {"confusion_matrix": cm.tolist(), "classes": classes, "threshold": 0.5}
+    probs = np.full((8, 4), 0.25)
+    targets = np.array([0, 0, 0, 0, 0, 1, 2, 3])
+    result.update(false_alarm_rate=0.0, miss_rate=0.0, target_miss_rate=0.005)
+    files = plots.write_eval_plots(tmp_path, result, probs, targets, 0)
+    assert all((tmp_path / f).stat().st_size > 0 for f in files.values())
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    label = ax.text(0, 0, classes[3])
+    assert label.get_parse_math() is False  # "cost $5 or $6" shows its dollars
+    plt.close(fig)

@@ -14,6 +14,9 @@ def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")  # never needs a display, safe in workers and CI
+    # Class and metric names are the user's and are drawn as given: with mathtext on, a name
+    # holding two "$" was typeset as a formula, or raised and ended the evaluation.
+    matplotlib.rcParams["text.parse_math"] = False
     import matplotlib.pyplot as plt
 
     return plt
