@@ -10,7 +10,7 @@ import torch
 
 from dtrain.train import checkpoint as ckpt
 from dtrain.train.config import TrainConfig
-from dtrain.train.deadline import epochs_within, pace
+from dtrain.train.deadline import epochs_within, pace, refit_message, worth_saying
 from dtrain.train.schedule import build_optimizer, build_scheduler
 from dtrain.train.trainer import run
 
@@ -31,6 +31,16 @@ def test_a_plan_is_raised_only_with_half_an_epoch_to_spare():
     assert epochs_within(325, elapsed_s=100, epoch_s=50, done=2, most=10, planned=5) == 6
     # Lowering needs no spare: a plan that no longer fits is cut at once.
     assert epochs_within(290, elapsed_s=100, epoch_s=50, done=2, most=10, planned=6) == 5
+
+
+def test_a_changed_plan_is_logged_when_it_stops_the_run_or_moved_by_a_tenth():
+    assert worth_saying(said=100, new=45, done=1)  # the first big cut
+    assert not worth_saying(said=74, new=79, done=3)  # an epoch's noise: 5 of 74
+    assert worth_saying(said=74, new=82, done=9)  # 8 of 74 since the plan last logged
+    assert not worth_saying(said=10, new=11, done=4) and worth_saying(said=10, new=12, done=4)  # at least 2
+    assert worth_saying(said=50, new=7, done=7) and worth_saying(said=8, new=7, done=7)  # a stop, always
+    # a short epoch's pace is not printed as "0 s"
+    assert "at 0.41 s per epoch" in refit_message(old=40, new=60, done=3, epoch_s=0.41, elapsed_s=2, budget_s=30)
 
 
 def test_the_pace_leaves_out_the_first_epoch_and_follows_the_last_few():

@@ -18,6 +18,10 @@ from __future__ import annotations
 # budget's edge every epoch's noise (+-5 % on a shared VM) would otherwise flip it up and
 # down, and each flip moves the learning-rate decay.
 RAISE_SPARE = 0.5
+# A changed plan is logged when it stops the run or has moved by this share (or 2 epochs, the
+# larger) since the plan last logged: the plan is refit at every epoch end, and on short
+# epochs the noise moved it by one or two each time, a line per epoch saying little.
+SAY_SHARE = 0.1
 # The pace: the mean of the last few epochs, leaving out the first once others exist (it
 # pays kernel selection and first-touch page faults).
 PACE_EPOCHS = 3
@@ -45,13 +49,20 @@ def epochs_within(budget_s: float, elapsed_s: float, epoch_s: float, done: int, 
     return max(done, min(most, fit))
 
 
+def worth_saying(said: int, new: int, done: int) -> bool:
+    """Whether a plan of `new` epochs in all is logged, `said` being the plan last logged (or the
+    one the run started with) and `done` the epochs trained: always when it stops the run."""
+    return new == done or abs(new - said) >= max(2, SAY_SHARE * said)
+
+
 def minutes(seconds: float) -> str:
     return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
 
 
 def refit_message(old: int, new: int, done: int, epoch_s: float, elapsed_s: float, budget_s: float) -> str:
     """The log line for a changed plan (old -> new epochs in all, `done` trained so far)."""
-    pace = f"{epoch_s:.0f} s per epoch (training, validation, checkpoint; the last few epochs' mean)"
+    per = f"{epoch_s:.0f}" if epoch_s >= 10 else f"{epoch_s:.2g}"  # never "0 s" for a short epoch
+    pace = f"{per} s per epoch (training, validation, checkpoint; the last few epochs' mean)"
     if new == done:
         return (f"time budget: stopping after epoch {done} of {old}: at {pace}, the next would end at "
                 f"{minutes(elapsed_s + epoch_s)}, past the {minutes(budget_s)} training budget; the learning rate "

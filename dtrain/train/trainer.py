@@ -112,6 +112,7 @@ class _Trainer:
             )
         # The epochs this run trains: cfg.epochs, unless a time budget cuts them (refit).
         self.epochs = cfg.epochs
+        self.said_epochs = cfg.epochs  # the plan last logged (deadline.worth_saying)
         self.total_steps = self.steps_per_epoch * cfg.epochs
         # Training seconds of the runs this one resumes (their checkpoints' train_seconds).
         self.seconds_before = 0.0
@@ -172,6 +173,7 @@ class _Trainer:
         if self.cfg.time_budget_s is not None:  # the budget spans the resumed runs
             self.seconds_before = float(blob.get("train_seconds", 0.0))
             self.set_epochs(state, min(self.most_epochs, int(blob.get("epochs_planned", self.cfg.epochs))))
+            self.said_epochs = self.epochs  # the start line says this plan
         if blob["world_size"] == self.ctx.world_size:
             ckpt.set_rng_state(blob["rng"][self.ctx.rank])
         elif state.step_in_epoch:
@@ -244,7 +246,10 @@ class _Trainer:
         old = self.epochs
         new = deadline.epochs_within(self.cfg.time_budget_s, elapsed_s, epoch_s, state.epoch, self.most_epochs, old)
         if new != old:
-            self.log.message(deadline.refit_message(old, new, state.epoch, epoch_s, elapsed_s, self.cfg.time_budget_s))
+            if deadline.worth_saying(self.said_epochs, new, state.epoch):
+                self.log.message(deadline.refit_message(self.said_epochs, new, state.epoch, epoch_s, elapsed_s,
+                                                        self.cfg.time_budget_s))
+                self.said_epochs = new
             self.set_epochs(state, new)
 
     @property
