@@ -110,3 +110,30 @@ def test_masks_beside_the_photos_are_not_judged_as_parts(tmp_path):
     assert [p.relative_to(tmp_path).as_posix() for p in found] == ["line2/p2.jpg", "line2/p3.png", "p1.png"]
     assert sorted(Path(p).name for p in skipped) == ["p1_mask.png", "p2.png"]
     assert "a mask of p1.png" in skipped[str(tmp_path / "p1_mask.png")]
+
+
+def test_any_file_name_reaches_the_csv_and_jsonl_as_it_is_on_disk(exported_model, synth_data, tmp_path, dtrain_cmd):
+    """Photo names a line PC meets: bytes that are not UTF-8 (a camera's Latin-1 share), a
+    comma, a quote, a tab, a newline. The CSV holds each name's own bytes (a reader opening
+    it with errors="surrogateescape", as Python does file names, gets the path back); the
+    JSONL escapes them. Before, the first such name stopped the inspection (UnicodeEncodeError)."""
+    import csv
+    import os
+    import shutil
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    source = sorted((synth_data / "test").rglob("*.png"))[:5]
+    names = [b"d\xe9faut.png", b"a,b.png", b'say "ok".png', b"tab\there.png", b"new\nline.png"]
+    for src, name in zip(source, names, strict=True):
+        shutil.copy(src, os.fsencode(folder) + b"/" + name)
+    wanted = sorted(os.fsdecode(os.fsencode(folder) + b"/" + n) for n in names)
+    for suffix in (".csv", ".jsonl"):
+        out = tmp_path / f"r{suffix}"
+        proc = subprocess.run(dtrain_cmd + ["inspect", str(exported_model), str(folder), "--out", str(out)],
+                              capture_output=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+        with open(out, encoding="utf-8", errors="surrogateescape", newline="") as f:
+            rows = list(csv.DictReader(f)) if suffix == ".csv" else [json.loads(line) for line in f]
+        assert sorted(r["path"] for r in rows) == wanted
+        assert all(r["verdict"] in ("ok", "defect") for r in rows)

@@ -282,7 +282,10 @@ def run_inspection(
         partial = partial_path(out)
     summary = Summary()
     start = clock()
-    f = open(partial, "w", newline="") if partial is not None else None
+    # A photo's name is written as its own bytes, whatever they are (a camera share's Latin-1
+    # names): the CSV then names the file exactly as it is on disk, where a strict write
+    # stopped the inspection at the first such name. JSONL escapes them itself.
+    f = open(partial, "w", newline="", encoding="utf-8", errors="surrogateescape") if partial is not None else None
     writer = WRITERS[out.suffix.lower()](f) if out is not None and f is not None else None
 
     def batch_done(n: int) -> None:
