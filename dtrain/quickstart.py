@@ -32,6 +32,7 @@ from typing import Any, Callable, TextIO
 
 import yaml
 
+from dtrain.data.masks import mark_output
 from dtrain.errors import DtrainError
 
 # The tuned recipe (see the module docstring).
@@ -272,6 +273,7 @@ def run_quickstart(opts: QuickstartOptions, stream: TextIO = sys.stdout) -> dict
     t0 = time.perf_counter()
     workdir = Path(opts.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
+    mark_output(workdir)  # before the scan: a workdir inside the data root is no class of photos
     options = resume.options_of(opts)
     state = resume.continue_or_refuse(resume.load(workdir), options, opts.fresh, workdir)
     if opts.fresh:

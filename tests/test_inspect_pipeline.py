@@ -76,6 +76,22 @@ def test_a_folder_is_read_without_hidden_copies_and_archive_debris(tmp_path):
     assert [p.relative_to(tmp_path).as_posix() for p in collect_inputs([str(tmp_path)])] == ["a.png", "line2/b.jpg"]
 
 
+def test_dtrain_output_folders_among_the_photos_are_not_judged(tmp_path):
+    """A run's plots (runs/quickstart/eval/*.png) beside the photos are no parts; a marked
+    folder named on the command line is read as asked."""
+    from dtrain.data.masks import mark_output
+    from dtrain.serve.inspect_batch import collect_inputs
+
+    for rel in ("a.png", "runs/quickstart/eval/score_histogram.png", "runs/quickstart/train/x.png"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"not decoded here")
+    for d in ("runs/quickstart", "runs/quickstart/eval", "runs/quickstart/train"):
+        mark_output(tmp_path / d)
+    assert [p.relative_to(tmp_path).as_posix() for p in collect_inputs([str(tmp_path)])] == ["a.png"]
+    named = tmp_path / "runs" / "quickstart" / "eval"
+    assert [p.name for p in collect_inputs([str(named)])] == ["score_histogram.png"]
+
+
 def test_linked_folders_are_followed_and_a_loop_read_once(tmp_path):
     from dtrain.serve.inspect_batch import collect_inputs
 

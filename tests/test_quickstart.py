@@ -81,3 +81,24 @@ def test_quickstart_tiny(tmp_path, dtrain_cmd, dtrain_home):
     opts.seed, said = 4, io.StringIO()
     ensure_data(work / "data", opts, 300, said)
     assert "made with other settings" in said.getvalue() and json.loads(manifest.read_text())["seed"] == 4
+
+
+def test_a_workdir_inside_the_data_root_is_not_read_as_photos(class_folders_data, tmp_path, dtrain_cmd, dtrain_home):
+    """`cd photos && dtrain quickstart --data .` puts runs/quickstart beside the class folders;
+    the second run read its plots as a class of photos named `runs`. dtrain's output folders
+    carry a mark (.dtrain-output) that every scan for photos leaves out."""
+    import shutil
+
+    from quickstart_helpers import quickstart_data
+
+    photos = tmp_path / "photos"
+    for name in ("ok", "scratch"):
+        shutil.copytree(class_folders_data / name, photos / name, symlinks=True)
+    work = photos / "runs" / "quickstart"
+    for _ in range(2):  # the second run meets the first one's plots, report and checkpoints
+        quickstart_data(dtrain_cmd, photos, work, epochs=1)
+        report = json.loads((work / "report.json").read_text())
+        assert report["classes"] == ["ok", "scratch"], report["classes"]
+        (work / "report.json").unlink()  # the next run writes its own
+    assert all((d / ".dtrain-output").is_file() for d in (work, work / "train", work / "eval"))
+    assert list((work / "eval").glob("*.png"))  # there were photos to be misread

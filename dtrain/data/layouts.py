@@ -60,7 +60,7 @@ from pathlib import Path
 from dtrain.data import boxes
 from dtrain.data.config import DataConfig
 from dtrain.data.masks import (
-    CONTAINER_NAMES, IMAGE_EXTENSIONS, hidden_or_debris, images_under, marks_pixels, masks_of_images,
+    CONTAINER_NAMES, IMAGE_EXTENSIONS, images_under, marks_pixels, masks_of_images, not_photos,
 )
 from dtrain.data.truth_trees import BoxTrees
 from dtrain.errors import DtrainError
@@ -122,7 +122,7 @@ def _images_in(folder: Path, left_out: dict[str, str]) -> list[Path]:
 
 
 def _class_dirs(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if p.is_dir() and not hidden_or_debris(p.name))
+    return sorted(p.name for p in folder.iterdir() if p.is_dir() and not not_photos(p))
 
 
 def resolve_negative(classes: list[str], negative_class: str | None, where: Path) -> int | None:
@@ -388,7 +388,7 @@ def split_root(root: Path) -> Path:
     and val."""
     if (root / "train").is_dir() or not root.is_dir():
         return root
-    subdirs = [d for d in root.iterdir() if d.is_dir() and not hidden_or_debris(d.name)]
+    subdirs = [d for d in root.iterdir() if d.is_dir() and not not_photos(d)]
     photos = [d for d in subdirs if d.name.lower() in CONTAINER_NAMES and (d / "train").is_dir()]
     if len(photos) == 1 and any(d.name.lower() in DETECTION_LABELS for d in subdirs):
         return photos[0]

@@ -40,6 +40,8 @@ CONTAINER_NAMES = frozenset({"images", "imgs", "img", "image", "jpegimages"})
 # image (the decoder then refuses it with its reason).
 MAX_MASK_PIXELS = 40_000_000
 ARCHIVE_DEBRIS = frozenset({"__MACOSX"})
+# A file in each folder dtrain writes outputs to (mark_output): such a folder is no photos'.
+OUTPUT_MARK = ".dtrain-output"
 # Not counted by their values: the photo of a pair is usually one of these, and the count
 # of values of a lossy file says nothing (its mask would have many).
 LOSSY = frozenset({".jpg", ".jpeg", ".webp"})
@@ -48,6 +50,24 @@ LOSSY = frozenset({".jpg", ".jpeg", ".webp"})
 # stays near them, where a photo, even of a plain surface, sits in between.
 BINARY_SHARE = 0.98
 DARK_OR_LIGHT = 32
+
+
+def mark_output(folder: Path) -> None:
+    """Mark `folder` as one dtrain writes a run's outputs to (OUTPUT_MARK), so that a scan
+    of photos never reads it (not_photos). Best effort: an unwritable folder fails later, where
+    the outputs are written, with its own message."""
+    try:
+        (folder / OUTPUT_MARK).write_text("dtrain writes its outputs here (plots, checkpoints, reports): "
+                                          "a scan for photos leaves this folder out\n")
+    except OSError:
+        pass
+
+
+def not_photos(folder: Path) -> bool:
+    """A folder whose files are never a part's photos: hidden or debris by name, or one of
+    dtrain's own output folders (`cd photos && dtrain quickstart --data .` puts runs/ beside
+    the class folders; its plots would be a class of their own on the next run)."""
+    return hidden_or_debris(folder.name) or (folder / OUTPUT_MARK).is_file()
 
 
 def hidden_or_debris(name: str) -> bool:
@@ -66,14 +86,15 @@ def images_under(folder: Path) -> tuple[list[Path], dict[str, str]]:
 def walk(folder: Path) -> Iterator[tuple[str, list[str], list[str]]]:
     """os.walk, top-down, with linked folders followed (a class folder of links is a common
     way to pick a subset without copying) and a folder met again through a link (a loop) left
-    out, as are hidden folders and archive debris; the sub-folders come sorted. A caller may
+    out, as are hidden folders, archive debris and dtrain's output folders below `folder`
+    (not_photos; `folder` itself is read as asked); the sub-folders come sorted. A caller may
     prune `dirs` further in place, as with os.walk."""
     seen = {os.path.realpath(folder)}
     for here, dirs, names in os.walk(folder, followlinks=True):
         kept = []
         for d in sorted(dirs):
             real = os.path.realpath(os.path.join(here, d))
-            if not hidden_or_debris(d) and real not in seen:
+            if not not_photos(Path(here, d)) and real not in seen:
                 seen.add(real)
                 kept.append(d)
         dirs[:] = kept

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dtrain.data.masks import mark_output
 from dtrain.errors import DtrainError
 from dtrain.evaluation import metrics as M
 
@@ -289,6 +290,7 @@ def write_outputs(out_dir: Path, result: dict[str, Any], test: Predictions) -> N
     from dtrain.evaluation import plots
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    mark_output(out_dir)
     negative = result["negative_class"]
     negative_index = None if negative is None else result["classes"].index(negative)
     result["plots"] = plots.write_eval_plots(out_dir, result, test.probs, test.targets, negative_index)

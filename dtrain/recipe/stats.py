@@ -138,12 +138,12 @@ def _anomaly_shaped(base: Path) -> bool:
     train on no defect at all; the mvtec layout lends test images to train
     (decide.lend_test_images)."""
     from dtrain.data.layouts import says_defect_free
-    from dtrain.data.masks import hidden_or_debris
+    from dtrain.data.masks import not_photos
 
     train = base / "train"
     if not train.is_dir():
         return False
-    names = [d.name for d in train.iterdir() if d.is_dir() and not hidden_or_debris(d.name)]
+    names = [d.name for d in train.iterdir() if d.is_dir() and not not_photos(d)]
     if "good" in names:
         return True
     return len(names) == 1 and (base / "test").is_dir() and says_defect_free(names[0])  # ok, good, normal too

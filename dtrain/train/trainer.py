@@ -23,6 +23,7 @@ import yaml
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from dtrain.data.masks import mark_output
 from dtrain.data.transforms import MEAN, STD, normalize_batch
 from dtrain.errors import ConfigError
 from dtrain.models import build_model
@@ -189,6 +190,7 @@ class _Trainer:
         state = self.build_state()
         if ctx.is_main:
             Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
+            mark_output(Path(cfg.output_dir))
             (Path(cfg.output_dir) / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
             (Path(cfg.output_dir) / "run.yaml").write_text(yaml.safe_dump(self.facts, sort_keys=False))
         resumed = self.restore(state) if resume else None
