@@ -178,6 +178,8 @@ def recipe_config(
     folds = plan_folds(val_defective, labelled, stats.negative_class, opts.target_miss_rate)
     wanted = input_side(stats)
     ratio = aspect(stats)
+    # Before the probe: a budget too short to train in is refused without timing anything.
+    budget.require_training_time(opts.budget_minutes * 60, opts.folds + 1 if opts.folds else 1)
     if seconds_per_image is None:
         from dtrain.train.launch import default_nproc
 

@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pytest
 
+from dtrain.errors import DtrainError
 from dtrain.evaluation.evaluate import load_scores, save_scores, summarise
 from dtrain.evaluation.predict import Predictions
 from dtrain.recipe import budget as B
@@ -122,14 +123,27 @@ def test_a_small_set_spends_the_budget_on_pixels_not_on_repeats():
 def test_budget_floor_cuts_images_and_warns():
     fit = B.fit_budget(_wanted(256), runs=6, budget_s=1800, seconds_per_image=lambda s: 0.5)
     assert fit.side.value == 128 and fit.images_seen < BUDGET_IMAGES and "weaker model" in fit.warning
-    small = B.fit_budget(_wanted(64), runs=1, budget_s=60, seconds_per_image=lambda s: 0.5)
-    assert small.side.value == 64 and small.images_seen >= 1
+    small = B.fit_budget(_wanted(64), runs=1, budget_s=120, seconds_per_image=lambda s: 0.5)
+    assert small.side.value == 64 and small.images_seen == 60  # 2 min: 90 s, less the run's 60 s start
     # Half of 160 px would be 96, but under a strided stem (from 128 px) that leaves the blocks 48 px.
     strided = B.fit_budget(_wanted(160), runs=6, budget_s=1800, seconds_per_image=lambda s: 0.5)
     assert strided.side.value == D.STRIDED_STEM_FROM
     # A strided stem's input is the native side (decide.input_side): its floor is a quarter of it, not half.
     native = B.fit_budget(_wanted(640), runs=6, budget_s=1800, seconds_per_image=lambda s: 0.5)
     assert native.side.value == 160 and "a quarter of the native side" in native.side.reason
+
+
+def test_a_budget_with_no_time_left_to_train_is_refused_with_the_least_that_works():
+    # 1 min: 45 s for training, less the run's ~60 s start. Before, a train.yaml with
+    # time_budget_s 0 was written, and the trainer refused it after the probe and the scan.
+    with pytest.raises(DtrainError, match=r"a 1 min budget leaves the run 0 s to train") as err:
+        B.fit_budget(_wanted(64), runs=1, budget_s=60, seconds_per_image=lambda s: 1e-4)
+    assert err.value.hint == "give --budget-minutes 2 or more"
+    B.require_training_time(120, 1)  # 30 s to train: kept
+    with pytest.raises(DtrainError, match="leaves each of the 5 runs") as err:
+        B.require_training_time(300, 5)
+    assert err.value.hint == "give --budget-minutes 8 or more (or fewer --folds)"
+    B.require_training_time(8 * 60, 5)
 
 
 def test_the_probe_takes_fewer_pictures_per_step_as_they_grow():

@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dtrain.errors import DtrainError
 from dtrain.recipe.decide import BUDGET_IMAGES, MAX_EPOCHS, MIN_SIDE, SIDE_STEP, Decision, stem
 from dtrain.recipe.folds import MIN_FOLDS
 
@@ -43,6 +44,8 @@ TRAIN_SHARE = 0.75
 # Per launched run, on top: process start, imports and DDP rendezvous (~25 s on the loaded
 # 2-core machine), and each rank's decode-once cache (~2 400 PNGs of 256-512 px: ~30 s).
 RUN_OVERHEAD_S = 60.0
+# A run with less than this to train learns nothing worth scoring: the budget is refused.
+MIN_TRAIN_S = 10.0
 PROBE_WARMUP, PROBE_STEPS = 3, 4  # the first steps pay oneDNN's kernel selection: not timed
 # Probe step size: PROBE_BATCH pictures up to PROBE_PIXELS_SIDE px, no more pixels above (probe_batch).
 PROBE_BATCH, PROBE_PIXELS_SIDE, PROBE_MIN_BATCH = 16, 320, 4
@@ -81,6 +84,22 @@ def _minutes_for(per_run_s: float, runs: int) -> int:
     return math.ceil((per_run_s + RUN_OVERHEAD_S) * runs / TRAIN_SHARE / 60)
 
 
+def require_training_time(budget_s: float, runs: int) -> None:
+    """Refuse a budget that leaves its runs under MIN_TRAIN_S each to train (DtrainError). A
+    1-minute quickstart went on to write a train.yaml with time_budget_s 0, which the trainer
+    then refused after the probe and the scan."""
+    per_run = _per_run(budget_s, runs)
+    if per_run >= MIN_TRAIN_S:
+        return
+    each = f"each of the {runs} runs" if runs > 1 else "the run"
+    raise DtrainError(
+        f"a {budget_s / 60:g} min budget leaves {each} {per_run:.0f} s to train: a run first spends "
+        f"~{RUN_OVERHEAD_S:.0f} s starting (processes, imports, decoding the images), and "
+        f"{1 - TRAIN_SHARE:.0%} of the budget is kept for scoring and the report",
+        f"give --budget-minutes {_minutes_for(MIN_TRAIN_S, runs)} or more" + (" (or fewer --folds)" if runs > 1 else ""),
+    )
+
+
 def _plan(budget_s: float, runs: int, per_run: float, cost: float, side: int) -> str:
     return (f"{budget_s / 60:.0f} min budget, {TRAIN_SHARE:.0%} for training over {runs} run(s): {per_run:.0f} s each; "
             f"{cost * 1000:.1f} ms per image at {side} px")
@@ -98,6 +117,7 @@ def fit_budget(
 ) -> Fit:
     """`wanted`: the data's input side decision; `seconds_per_image(side)`: training cost per image seen;
     `needed`: images_needed for the run's training set."""
+    require_training_time(budget_s, runs)
     per_run = _per_run(budget_s, runs)
     floor = _floor_side(wanted.value)
     sides = [wanted.value] + list(range((wanted.value - 1) // SIDE_STEP * SIDE_STEP, floor - 1, -SIDE_STEP))
