@@ -208,7 +208,12 @@ def recipe_config(
         k, why_k = opts.folds, f"; --folds {opts.folds} overrides the recipe's {folds.k}"
         fit = budget.fit_budget(wanted, k + 1 if k else 1, opts.budget_minutes * 60, seconds_per_image, needed)
     n_final = stats.n_train + stats.n_val if k else stats.n_train
-    decisions = ([lent] if lent else []) + plan(stats, fit.side, fit.images_seen, fit.reason, n_final, kfold=bool(k))
+    from dtrain.train.launch import default_nproc
+
+    # A fold model learns from (k - 1) / k of train + val: possibly fewer images than train alone.
+    n_smallest = min(stats.n_train, n_final * (k - 1) // k) if k else stats.n_train
+    decisions = ([lent] if lent else []) + plan(stats, fit.side, fit.images_seen, fit.reason, n_final, kfold=bool(k),
+                                                ranks=opts.nproc or default_nproc(), n_smallest=n_smallest)
     # Scored after training: the test split (taken as large as validation), and validation or,
     # under k-fold, every labelled image out of fold.
     n_scored = stats.n_val + (stats.n_train + stats.n_val if k else stats.n_val)

@@ -132,6 +132,21 @@ def test_validation_and_negative_class_decisions():
     assert shift.field == "data.shift" and 0 < shift.value <= 0.25
 
 
+def test_the_batch_fits_every_ranks_share_of_the_smallest_training_set():
+    """A 50-image sample on 2 ranks: 25 each, under the 32 of a batch, and the loader drops a
+    ragged batch: the old recipe's run refused to start ("no full step per epoch")."""
+    assert D.batch_size(5000, 2).value == D.BATCH_SIZE
+    small = D.batch_size(50, 2)
+    assert small.value == 16 and "25 training images per rank" in small.reason
+    assert D.batch_size(3, 2).value == 1 and D.batch_size(64, 2).value == 32 and D.batch_size(63, 2).value == 16
+    tiny = {"ok": 40, "scratch": 6, "pit": 4}
+    fields = {d.field: d.value for d in D.plan(_stats(counts=tiny), ranks=2)}
+    assert fields["batch_size"] == 16  # 50 // 2 = 25
+    # under k-fold a fold model learns from fewer images than the final one: its share decides
+    kfold = {d.field: d.value for d in D.plan(_stats(counts=tiny), n_train=200, kfold=True, ranks=2, n_smallest=30)}
+    assert kfold["batch_size"] == 8
+
+
 def test_blends_of_images_only_without_a_defect_free_class():
     """A scratch blended into a good part is still a scratch: mixup only among defect types."""
     types = {d.field: d for d in D.plan(_stats(negative=None, counts={"crack": 300, "pit": 250}))}

@@ -315,7 +315,7 @@ def threshold_basis(choice: ThresholdChoice, target_miss_rate: float, calibratio
 def _not_shown(b: dict, target: float) -> str:
     """The plain-words warning for a quality engineer: what is and is not proven, and what it costs."""
     if b["n_defective"] == 0:
-        return (f"The {b['source']} hold no defective image, so nothing is known about how many defects the "
+        return (f"There is no defective image in the {b['source']}, so nothing is known about how many defects the "
                 f"threshold lets through. Label at least {b['defective_needed_for_target']} defective images.")
     missed = "lets none of them through" if b["n_missed"] == 0 else f"lets {b['n_missed']} of them through"
     return (

@@ -419,13 +419,26 @@ def cache(n_train: int, side: int, width: int | None = None, masks: bool = False
     )
 
 
+def batch_size(n_train: int, ranks: int) -> Decision:
+    """Pictures per step and rank: BATCH_SIZE, or, where a rank's share of the smallest
+    training set a run gets holds fewer, the largest power of two it fills (the loader drops a
+    ragged last batch, so a batch larger than the share would leave an epoch with no step)."""
+    per_rank = max(n_train // max(ranks, 1), 1)
+    if per_rank >= BATCH_SIZE:
+        return Decision("batch_size", BATCH_SIZE, "per process; keeps one CPU thread per rank busy")
+    size = 1 << (per_rank.bit_length() - 1)
+    return Decision("batch_size", size, f"per process; {per_rank} training images per rank (of {ranks}) fill no batch "
+                                        f"of {BATCH_SIZE}: {size}, so that every epoch has a full step")
+
+
 def plan(
     stats: DataStats, side: Decision | None = None, images_seen: int = BUDGET_IMAGES, budget: str = "",
-    n_train: int | None = None, kfold: bool = False,
+    n_train: int | None = None, kfold: bool = False, ranks: int = 1, n_smallest: int | None = None,
 ) -> list[Decision]:
     """The decisions, in print order. `side`/`images_seen`/`budget`: the wall-clock budget's
     (recipe/budget.py; default: the data's wish); `n_train`: the final run's training images
-    (train + val under k-fold); `kfold`: the threshold comes from out-of-fold scores."""
+    (train + val under k-fold); `kfold`: the threshold comes from out-of-fold scores; `ranks`:
+    DDP processes per run; `n_smallest`: the fewest training images any run gets (a fold's)."""
     wanted = input_side(stats)
     side = side or wanted
     width = input_width(stats, side.value)
@@ -436,7 +449,7 @@ def plan(
         *augmentation(stats), mixup(stats), mask_supervision(stats), transplant(stats), *sampling(stats),
         epochs(n, images_seen, budget, epoch_cap(stats)),
         *validation(stats, kfold),
-        Decision("batch_size", BATCH_SIZE, "per process; keeps one CPU thread per rank busy"),
+        batch_size(min(stats.n_train, n_smallest or n, n), ranks),
     ]
 
 
