@@ -120,3 +120,21 @@ def test_a_torch_program_with_a_pickle_payload_is_refused(tmp_path):
     with pytest.raises(DtrainError, match="refused to load .* could run code"):
         get_backend("torch-eager").load(evil)
     assert not marker.exists()
+
+
+def test_a_damaged_file_is_called_damaged_and_a_file_of_objects_refused(tmp_path):
+    """Random bytes or a truncated download are no torch.save output: said so, not called
+    code (the old message); a file naming a class to call is refused as code."""
+    from dtrain.errors import DtrainError
+    from dtrain.train.checkpoint import load_weights_only
+
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(DtrainError, match="is not a file torch.save wrote, or it is damaged"):
+        load_weights_only(junk)
+    marker = tmp_path / "payload-ran"
+    evil = tmp_path / "evil.pt"
+    torch.save({"x": _Payload(marker)}, evil)
+    with pytest.raises(DtrainError, match="holds Python objects besides tensors"):
+        load_weights_only(evil)
+    assert not marker.exists()

@@ -123,7 +123,13 @@ def load_weights_only(path: Path, what: str = "checkpoint", error: type[DtrainEr
     (one line, and none of it runs), a damaged one named as such."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
+    except pickle.UnpicklingError as exc:
+        # torch names a class or function it would have had to call ("Unsupported global");
+        # any other refusal of its weights-only unpickler is a file that is no torch.save
+        # output at all (damaged, truncated, random bytes), which the old message called code.
+        if "Unsupported global" not in str(exc):
+            raise error(f"cannot read the {what} {path}: it is not a file torch.save wrote, or it is damaged "
+                        "(nothing in it was run)", "pass a last.pt / ckpt-epochNNNN.pt written by dtrain train") from None
         raise error(f"refused to load {path}: the {what} holds Python objects besides tensors and plain values, "
                     "which could run code when loaded; dtrain loads only weights-only files such as dtrain train writes") from None
     except Exception as exc:  # several exception types for a damaged or foreign file
