@@ -54,3 +54,24 @@ def test_the_checkpoint_and_the_evaluation_state_what_ran(trained_checkpoint, sy
     assert result["eval_device"].startswith("cpu (")
     page = render_html({**result, "plots": {}}, trained_checkpoint.parent)
     assert "training precision" in page and "<td>fp32</td>" in page and run["cpu"] in page
+
+
+def test_new_photos_laid_out_otherwise_are_read_in_their_own_layout(trained_checkpoint, synth_data, class_folders_data):
+    """A model trained on train/val/test folders, evaluated on photos in bare class folders:
+    read with the run's own layout, the data set had no split 'val'. The layout the given root
+    holds replaces the run's where they differ; the run's other data settings stay."""
+    from dtrain.evaluation.evaluate import evaluate
+
+    result = evaluate(trained_checkpoint, class_folders_data, 0.05)
+    assert result["n_images"] > 0 and result["negative_class"] == "ok"
+    from dtrain.recipe.stats import relocated
+    from dtrain.serve.verify import data_config
+
+    meta = torch.load(trained_checkpoint, map_location="cpu", weights_only=True)
+    assert data_config(str(class_folders_data), meta).layout == "classfolders"  # dtrain export --data, likewise
+    base = {"layout": "imagefolder", "root": str(synth_data), "negative_class": "ok", "split_seed": 7}
+    moved = relocated(base, str(class_folders_data))
+    assert moved["layout"] == "classfolders" and moved["split_seed"] == 7 and moved["negative_class"] == "ok"
+    assert relocated(base, str(synth_data)) is base  # the same root, or the same layout: as trained
+    assert relocated({**base, "root": "elsewhere"}, str(synth_data)) == {**base, "root": "elsewhere"}
+    assert relocated({**base, "layout": "shards"}, "s3://bucket/set") == {**base, "layout": "shards"}

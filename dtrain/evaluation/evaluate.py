@@ -275,6 +275,10 @@ def _data_config(data: Any, meta: dict[str, Any]):
             from dtrain.recipe.stats import detect_layout
 
             base.update(detect_layout(Path(data)), val_split="", val_from_train=0.0)
+        else:
+            from dtrain.recipe.stats import relocated
+
+            base = relocated(base, str(data))
         base.update(root=str(data), **input_fields(meta))
         cfg = validate(DataConfig, base, "the checkpoint's data config")
     return cfg

@@ -131,6 +131,29 @@ def detect_layout(root: Path) -> dict[str, Any]:
     )
 
 
+# The DataConfig fields that say where a layout keeps its splits and labels: they go with the
+# layout when a checkpoint's data settings move to a root laid out otherwise (relocated).
+LAYOUT_FIELDS = ("layout", "labels_file", "category", "train_split", "val_split", "test_split", "val_from_train",
+                 "mvtec_train_fraction")
+
+
+def relocated(base: dict[str, Any], root: str) -> dict[str, Any]:
+    """A training run's data fields `base` for another local `root` (dtrain eval / export
+    --data on new photos): where `root` holds another layout than the one trained on (a model
+    trained on bare class folders, its new photos laid out as train/val/test), that layout's
+    fields replace the run's (LAYOUT_FIELDS); the rest (negative class, bits, seeds, split
+    fractions) stay. Read with the run's own layout, the split folders were taken for classes."""
+    if "://" in root or base.get("layout") == "shards" or root == base.get("root"):
+        return base
+    try:
+        found = detect_layout(Path(root))
+    except DtrainError:
+        return base  # the run's own layout then says what is wrong with the root
+    if found["layout"] == base.get("layout", "imagefolder"):
+        return base
+    return {**{k: v for k, v in base.items() if k not in LAYOUT_FIELDS}, **found}
+
+
 def _anomaly_shaped(base: Path) -> bool:
     """MVTec-AD's shape, as anomaly-detection sets ship it: base/train/ holds good parts only
     (a `good/` folder, or one folder named as defect-free beside a test/ folder: BTAD's

@@ -44,7 +44,9 @@ def data_config(root: str | None, meta: dict[str, Any]):
 
     base = dict((meta.get("config") or {}).get("data") or {})
     if root is not None:
-        base["root"] = str(root)
+        from dtrain.recipe.stats import relocated
+
+        base = {**relocated(base, str(root)), "root": str(root)}
     from dtrain.train.checkpoint import input_fields
 
     base.update(input_fields(meta))
