@@ -27,7 +27,11 @@ def test_kfold_model_reads_the_source_layout(class_folders_data: Path, tmp_path:
     assert len(scan(cfg, cfg.test_split).paths) > 0
 
 
-def test_a_model_with_a_val_split_keeps_its_own_layout(synth_data: Path, class_folders_data: Path):
-    trained = DataConfig(root=str(synth_data), layout="imagefolder")
-    cfg = _data_config(class_folders_data, _meta(trained))  # the checkpoint's layout wins: nothing re-detected
-    assert cfg.layout == "imagefolder" and cfg.val_split == "val"
+def test_a_model_with_a_val_split_reads_other_photos_in_their_layout(synth_data: Path, class_folders_data: Path):
+    trained = DataConfig(root=str(synth_data), layout="imagefolder", split_seed=3)
+    assert _data_config(synth_data, _meta(trained)).layout == "imagefolder"  # its own root: as trained
+    # Photos laid out otherwise: their layout (read as ImageFolder, there was no split 'val'),
+    # with a val split of its own and the run's other settings.
+    cfg = _data_config(class_folders_data, _meta(trained))
+    assert cfg.layout == "classfolders" and cfg.val_split == "val" and cfg.split_seed == 3
+    assert len(scan(cfg, "val").paths) > 0
