@@ -116,6 +116,27 @@ def test_a_set_without_a_test_folder_pushes_the_splits_it_has(synth_data, tmp_pa
     assert sorted(load_manifest(open_store(str(dest))).splits) == ["train", "val"]
 
 
+def test_a_mask_labelled_set_without_a_test_folder_pushes_the_splits_it_has(synth_data, tmp_path):
+    # masklabels reads split folders of photos beside their masks; an absent one is skipped
+    # as imagefolder's is (only other errors stop the push).
+    import numpy as np
+    from PIL import Image
+
+    src = tmp_path / "src"
+    for split in ("train", "val"):
+        (src / split).mkdir(parents=True)
+        for cls in ("ok", "scratch"):
+            for i, photo in enumerate(sorted((synth_data / split / cls).glob("*.png"))[:6]):
+                shutil.copy(photo, src / split / f"{cls}{i}.png")
+                mask = np.zeros((32, 32), np.uint8)
+                mask[8:12, 8:20] = 255 if cls == "scratch" else 0
+                Image.fromarray(mask).save(src / split / f"{cls}{i}_mask.png")
+    dest = tmp_path / "pushed"
+    push(DataConfig(root=str(src), layout="masklabels"), open_store(str(dest)), parse_size(SHARD))
+    manifest = load_manifest(open_store(str(dest)))
+    assert sorted(manifest.splits) == ["train", "val"] and manifest.splits["train"].count == 12
+
+
 def test_interrupted_push_resumes_without_reupload(synth_data, s3_server, monkeypatch, tmp_path):
     for k, v in s3_server.env().items():
         monkeypatch.setenv(k, v)

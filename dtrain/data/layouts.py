@@ -413,7 +413,9 @@ def _labelled_split(cfg: DataConfig, split: str, label: Labeller) -> tuple[dict[
         whole, left_out, rules = label(root / cfg.train_split)
         files = _carve_classes(whole, cfg, _train_val_shares(cfg), role)
     else:
-        _require_dir(root / split, f"split '{split}'", "expected ROOT/<split>/ with the photos and their labels")
+        if not (root / split).is_dir():
+            raise SplitMissing(f"split '{split}' not found: {root / split} is missing",
+                               "expected ROOT/<split>/ with the photos and their labels")
         files, left_out, rules = label(root / split)
     return files, left_out, rules, root, role
 
