@@ -73,5 +73,7 @@ def test_new_photos_laid_out_otherwise_are_read_in_their_own_layout(trained_chec
     moved = relocated(base, str(class_folders_data))
     assert moved["layout"] == "classfolders" and moved["split_seed"] == 7 and moved["negative_class"] == "ok"
     assert relocated(base, str(synth_data)) is base  # the same root, or the same layout: as trained
+    as_classfolders = {**base, "layout": "classfolders"}  # a layout forced on its own root (--set data.layout)
+    assert relocated(as_classfolders, str(synth_data) + "/./") is as_classfolders  # written otherwise, the same folder
     assert relocated({**base, "root": "elsewhere"}, str(synth_data)) == {**base, "root": "elsewhere"}
     assert relocated({**base, "layout": "shards"}, "s3://bucket/set") == {**base, "layout": "shards"}

@@ -14,6 +14,7 @@ image, one file under two classes), reading only files that share their size.
 
 from __future__ import annotations
 
+import os
 import re
 import statistics
 from collections import Counter
@@ -143,8 +144,10 @@ def relocated(base: dict[str, Any], root: str) -> dict[str, Any]:
     trained on bare class folders, its new photos laid out as train/val/test), that layout's
     fields replace the run's (LAYOUT_FIELDS); the rest (negative class, bits, seeds, split
     fractions) stay. Read with the run's own layout, the split folders were taken for classes."""
-    if "://" in root or base.get("layout") == "shards" or root == base.get("root"):
-        return base
+    trained_on = base.get("root")
+    if "://" in root or base.get("layout") == "shards" or (
+            trained_on is not None and os.path.realpath(root) == os.path.realpath(trained_on)):
+        return base  # the same folder, however it is written: as trained
     try:
         found = detect_layout(Path(root))
     except DtrainError:
