@@ -162,6 +162,7 @@ def recipe_config(
     )
     from dtrain.recipe.folds import plan_folds
     from dtrain.recipe.stats import describe_layout, detect_layout, gather
+    from dtrain.train.launch import default_nproc
 
     layout = detect_layout(data_dir)
     data = DataConfig(root=str(data_dir), **layout)
@@ -181,8 +182,6 @@ def recipe_config(
     # Before the probe: a budget too short to train in is refused without timing anything.
     budget.require_training_time(opts.budget_minutes * 60, opts.folds + 1 if opts.folds else 1)
     if seconds_per_image is None:
-        from dtrain.train.launch import default_nproc
-
         # A rectangle is probed as it trains; the budget then weighs every side at its rectangle's pixels.
         cols = None if ratio is None else (lambda side: width_for(ratio, side))
         shape = f"{wanted.value} px" if cols is None else f"{wanted.value} x {cols(wanted.value)} px"
@@ -208,8 +207,6 @@ def recipe_config(
         k, why_k = opts.folds, f"; --folds {opts.folds} overrides the recipe's {folds.k}"
         fit = budget.fit_budget(wanted, k + 1 if k else 1, opts.budget_minutes * 60, seconds_per_image, needed)
     n_final = stats.n_train + stats.n_val if k else stats.n_train
-    from dtrain.train.launch import default_nproc
-
     # A fold model learns from (k - 1) / k of train + val: possibly fewer images than train alone.
     n_smallest = min(stats.n_train, n_final * (k - 1) // k) if k else stats.n_train
     decisions = ([lent] if lent else []) + plan(stats, fit.side, fit.images_seen, fit.reason, n_final, kfold=bool(k),

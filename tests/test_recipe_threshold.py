@@ -144,6 +144,8 @@ def test_a_budget_with_no_time_left_to_train_is_refused_with_the_least_that_work
         B.require_training_time(300, 5)
     assert err.value.hint == "give --budget-minutes 8 or more (or fewer --folds)"
     B.require_training_time(8 * 60, 5)
+    for runs in (1, 2, 5):  # a budget the recipe names in a hint is never one it refuses
+        B.require_training_time(B._minutes_for(0.5, runs) * 60, runs)
 
 
 def test_the_probe_takes_fewer_pictures_per_step_as_they_grow():

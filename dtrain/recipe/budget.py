@@ -80,8 +80,9 @@ def _per_run(budget_s: float, runs: int) -> float:
 
 
 def _minutes_for(per_run_s: float, runs: int) -> int:
-    """The whole minutes whose _per_run is at least `per_run_s` (its inverse, rounded up)."""
-    return math.ceil((per_run_s + RUN_OVERHEAD_S) * runs / TRAIN_SHARE / 60)
+    """The whole minutes whose _per_run is at least `per_run_s` (its inverse, rounded up), and
+    at least MIN_TRAIN_S: a budget this names is never one require_training_time refuses."""
+    return math.ceil((max(per_run_s, MIN_TRAIN_S) + RUN_OVERHEAD_S) * runs / TRAIN_SHARE / 60)
 
 
 def require_training_time(budget_s: float, runs: int) -> None:
