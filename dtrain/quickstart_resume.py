@@ -89,7 +89,7 @@ def save(workdir: Path, state: RunState) -> None:
 def fingerprint(data: Any) -> str:
     """sha256 over (path, size, mtime) of every image of the run's splits (`data`: a DataConfig):
     a stat per file, no reads."""
-    from dtrain.data.layouts import scan
+    from dtrain.data.layouts import SplitMissing, scan
 
     h = hashlib.sha256()
     for split in (data.train_split, data.val_split, data.test_split):
@@ -97,7 +97,9 @@ def fingerprint(data: Any) -> str:
             continue
         try:
             listing = scan(data, split)
-        except DtrainError:  # a split the data does not have: nothing to compare
+        # A split the data does not have: nothing to compare. Any other error (a label table
+        # broken since the run stopped) is the user's to see, not "the images have changed".
+        except SplitMissing:
             h.update(f"{split}: absent\n".encode())
             continue
         for path, target in zip(listing.paths, listing.targets):

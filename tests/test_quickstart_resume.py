@@ -202,6 +202,13 @@ def test_fingerprint_follows_the_images(tmp_path, synth_data):
     odd = os.fsdecode(os.fsencode(root / "train" / "ok") + b"/d\xe9faut.png")
     shutil.copy(image, odd)
     assert resume.fingerprint(cfg) not in (first, added)
+    # An absent split is hashed as absent (a data set without test/ resumes); a data set broken
+    # since the run stopped says what is broken, not "the images have changed".
+    shutil.rmtree(root / "test")
+    assert resume.fingerprint(cfg) != first
+    os.rename(os.fsencode(root / "train" / "pit"), os.fsencode(root / "train") + b"/p\xeft")
+    with pytest.raises(DtrainError, match="is not UTF-8 text"):
+        resume.fingerprint(cfg)
 
 
 def test_recipe_round_trip():
