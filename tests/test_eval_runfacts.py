@@ -77,3 +77,7 @@ def test_new_photos_laid_out_otherwise_are_read_in_their_own_layout(trained_chec
     assert relocated(as_classfolders, str(synth_data) + "/./") is as_classfolders  # written otherwise, the same folder
     assert relocated({**base, "root": "elsewhere"}, str(synth_data)) == {**base, "root": "elsewhere"}
     assert relocated({**base, "layout": "shards"}, "s3://bucket/set") == {**base, "layout": "shards"}
+    # A model trained without a val split (a k-fold final model) keeps having none: a val carved
+    # out of the new root would be photos it trained on (dtrain export would choose its threshold there).
+    kfold = relocated({**base, "val_split": ""}, str(class_folders_data))
+    assert kfold["layout"] == "classfolders" and kfold["val_split"] == "" and kfold["val_from_train"] == 0.0

@@ -143,7 +143,8 @@ def relocated(base: dict[str, Any], root: str) -> dict[str, Any]:
     --data on new photos): where `root` holds another layout than the one trained on (a model
     trained on bare class folders, its new photos laid out as train/val/test), that layout's
     fields replace the run's (LAYOUT_FIELDS); the rest (negative class, bits, seeds, split
-    fractions) stay. Read with the run's own layout, the split folders were taken for classes."""
+    fractions) stay, and a run trained without a val split still has none. Read with the run's
+    own layout, the split folders were taken for classes."""
     trained_on = base.get("root")
     if "://" in root or base.get("layout") == "shards" or (
             trained_on is not None and os.path.realpath(root) == os.path.realpath(trained_on)):
@@ -154,6 +155,8 @@ def relocated(base: dict[str, Any], root: str) -> dict[str, Any]:
         return base  # the run's own layout then says what is wrong with the root
     if found["layout"] == base.get("layout", "imagefolder"):
         return base
+    if not base.get("val_split", "val"):  # trained without one (a k-fold final model: on train + val):
+        found = {**found, "val_split": "", "val_from_train": 0.0}  # a val carved here would be images it saw
     return {**{k: v for k, v in base.items() if k not in LAYOUT_FIELDS}, **found}
 
 
