@@ -4,20 +4,15 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from dtrain.ports import free_port  # noqa: F401  (the tests import it from here)
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "tests" / "scripts"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def dtrain(*args: str, timeout: float = 240, **kwargs) -> subprocess.CompletedProcess[str]:

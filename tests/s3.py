@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from dtrain.ports import free_port
 
 REGION = "us-east-1"
 
@@ -54,12 +55,6 @@ class S3Server:
         return name
 
 
-def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def stop_moto(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
@@ -71,7 +66,7 @@ def stop_moto(proc: subprocess.Popen) -> None:
 def start_moto(tmp: Path, env: dict[str, str], host: str = "127.0.0.1") -> tuple[subprocess.Popen, str]:
     """moto's server on a free port of `host` (loopback unless the namespace hosts must
     reach it too), answering; (process, endpoint)."""
-    port = _free_port(host)
+    port = free_port()
     endpoint = f"http://{host}:{port}"
     log = tmp / "moto.log"
     with open(log, "wb") as out:

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from dtrain.ports import free_port
+
 DAEMONS = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd")
 CLIENTS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo", "srun")
 PARTITION = "debug"
@@ -53,12 +55,6 @@ def unavailable_reason() -> str | None:
     if missing:
         return f"slurm/munge not installed ({', '.join(missing)}): apt-get install slurmctld slurmd munge slurm-client"
     return None
-
-
-def _free_port(addr: str) -> int:
-    with socket.socket() as s:
-        s.bind((addr, 0))
-        return s.getsockname()[1]
 
 
 def _worker_index() -> int:
@@ -101,6 +97,30 @@ def _slurm_conf(tmp: Path, netns, ctld_port: int) -> str:
         f"PartitionName={PARTITION} Nodes={','.join(h.name for h in netns.hosts)} Default=YES "
         "MaxTime=INFINITE State=UP\n"
     )
+
+
+def _start_slurmctld(tmp: Path, netns, conf: Path, env: dict[str, str]) -> subprocess.Popen:
+    """Write the conf and start slurmctld; if another process took its port first, try
+    another port (the slurmds start after this, so they read the final conf)."""
+    for _ in range(5):
+        port = free_port()  # free on every address: slurmctld listens on the wildcard
+        conf.write_text(_slurm_conf(tmp, netns, port))
+        with open(tmp / "slurmctld.out", "w") as log:
+            proc = subprocess.Popen(["/usr/sbin/slurmctld", "-D", "-i", "-f", str(conf)], env=env,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and proc.poll() is None:
+            with socket.socket() as s:
+                s.settimeout(1)
+                if s.connect_ex((netns.head_address, port)) == 0:
+                    return proc
+            time.sleep(0.1)
+        if proc.poll() is None:
+            return proc  # alive but slow: the wait for idle nodes below reports it
+        out = (tmp / "slurmctld.out").read_text(errors="replace")
+        if "Address already in use" not in out:
+            raise RuntimeError(f"slurmctld exited with {proc.returncode}:\n{out[-1500:]}")
+    raise RuntimeError(f"slurmctld found its port taken 5 times:\n{out[-1500:]}")
 
 
 def _cgroup_conf() -> str:
@@ -172,16 +192,12 @@ def slurm_cluster(netns_cluster):
         if munged.returncode != 0:
             raise RuntimeError(f"munged failed: {munged.stderr}")
         conf = tmp / "slurm.conf"
-        port = _free_port(netns.head_address)
-        conf.write_text(_slurm_conf(tmp, netns, port))
         (tmp / "cgroup.conf").write_text(_cgroup_conf())
         for h in netns.hosts:
             (tmp / f"spool-{h.name}").mkdir()
         cluster = SlurmCluster(netns, conf, tmp, [h.name for h in netns.hosts])
         env = cluster.env()
-        with open(tmp / "slurmctld.out", "w") as log:
-            procs.append(subprocess.Popen(["/usr/sbin/slurmctld", "-D", "-i", "-f", str(conf)], env=env,
-                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        procs.append(_start_slurmctld(tmp, netns, conf, env))
         for h in netns.hosts:
             with open(tmp / f"slurmd-{h.name}.out", "w") as log:
                 procs.append(netns.popen(h, ["/usr/sbin/slurmd", "-D", "-N", h.name, "-f", str(conf)], env=env,

@@ -4,16 +4,10 @@ reported in one line without a traceback."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 
 from dtrain.errors import ExitStatus
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+from dtrain.ports import free_port
 
 
 def run(dtrain_cmd, *args):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import sys
 
 import pytest
@@ -12,12 +11,7 @@ from dtrain.cluster.checks import fill, judge_cluster, judge_node
 from dtrain.cluster.preflight import run_preflight
 from dtrain.cluster.check_results import NodeReport
 from dtrain.cluster.spec import ClusterSpec
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from dtrain.ports import free_port
 
 
 def local_cluster(n=2, **fields) -> ClusterSpec:

@@ -20,6 +20,7 @@ from dtrain.monitor.head.startup import agent_argv, agent_env, agent_url
 from dtrain.monitor.head.collector import Collector
 from dtrain.monitor.node.metrics import METRICS
 from dtrain.monitor.head.metrics_db import MetricsDB
+from dtrain.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,12 +35,6 @@ for i in range(steps):
     report_step(step=i, epoch=0, loss=1.0 / (i + 1), lr=0.1, step_time_s=time.perf_counter() - t0,
                 data_wait_s=0.1 * sleep, samples=8)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http(url: str, timeout: float = 20) -> None:

@@ -17,7 +17,6 @@ import collections
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ from dtrain.data.config import DataConfig
 from dtrain.data.shard_push import parse_size, push
 from dtrain.data.shard_verify import load_manifest, verify
 from dtrain.data.storage import open_store
+from dtrain.ports import free_port
 
 from stall_hook import stall_env
 
@@ -74,12 +74,6 @@ def read_trace(folder: Path, split: str = "train") -> dict[str, list[list[int]]]
     for f in sorted(folder.glob(f"{split}-rank*-worker*.txt")):
         out[f.stem.split("-", 1)[1]] = [list(map(int, line.split())) for line in f.read_text().splitlines()]
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_ranks_from_s3_match_the_local_folder(synth_data, s3_server, tmp_path):

@@ -11,11 +11,11 @@ line, not a traceback from every rank.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from typing import Callable, TextIO
 
 from dtrain.errors import DtrainError
+from dtrain.ports import free_port as _free_port
 
 
 # Device files a GPU driver creates (NVIDIA's, and AMD's ROCm, which torch.cuda also drives).
@@ -59,12 +59,6 @@ def train_command(config: str | None, overrides: list[str], resume: bool) -> lis
     if resume:
         argv.append("--resume")
     return argv
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch_local(config: str | None, overrides: list[str], resume: bool, nproc: int, *, monitor: bool = True,

@@ -1,0 +1,33 @@
+import random
+import socket
+
+from dtrain import ports
+
+
+class Scripted(random.Random):
+    """Yields the given ports first, then random ones."""
+
+    def __init__(self, first):
+        super().__init__(0)
+        self.first = list(first)
+
+    def randrange(self, *args):
+        return self.first.pop(0) if self.first else super().randrange(*args)
+
+
+def test_a_port_held_on_loopback_is_skipped_because_servers_listen_on_every_address():
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        port = ports.free_port(Scripted([taken, 29500, 29400]))
+    assert port not in (taken, 29500, 29400)
+    with socket.socket() as s:  # and it is free on the wildcard address
+        s.bind(("", port))
+
+
+def test_the_port_is_below_the_ephemeral_range_so_no_outgoing_connection_takes_it():
+    low = int(ports.EPHEMERAL_RANGE.read_text().split()[0])
+    seen = {ports.free_port() for _ in range(50)}
+    assert all(ports.LOWEST <= p < low for p in seen), sorted(seen)
+    assert len(seen) > 40  # random, so parallel test workers rarely pick the same one
