@@ -21,6 +21,7 @@ def test_an_animated_gif_and_a_16_bit_png_in_an_inspect_folder(exported_model, s
         shutil.copy(p, folder / p.name)
     (folder / "anim.gif").write_bytes(animated_gif())
     (folder / "deep.png").write_bytes(png16(40, 40, 4))
+    (folder / "bad\x1b]0;owned\x07.png").write_bytes(b"not a png")  # a name that would set the terminal's title
     out = tmp_path / "results [line 3]" / "r.jsonl"  # rich would drop "[line 3]" as a style tag
     out.parent.mkdir()
     proc = subprocess.run(dtrain_cmd + ["inspect", str(exported_model), str(folder), "--out", str(out), "--batch", "4"],
@@ -30,8 +31,11 @@ def test_an_animated_gif_and_a_16_bit_png_in_an_inspect_folder(exported_model, s
     assert "GIF with 5 frames" in rows["anim.gif"]["error"] and rows["anim.gif"]["verdict"] == ""
     assert rows["deep.png"]["error"] is None and rows["deep.png"]["verdict"] in ("ok", "defect")
     assert all(rows[p.name]["verdict"] in ("ok", "defect") for p in good)
-    assert "1 unreadable" in proc.stderr
+    assert rows["bad\x1b]0;owned\x07.png"]["error"]  # the results keep the name as it is on disk
+    assert "2 unreadable" in proc.stderr
     assert f"  unreadable: {folder / 'anim.gif'}" in proc.stderr.splitlines(), proc.stderr
+    assert f"  unreadable: {folder}/bad\\x1b]0;owned\\x07.png" in proc.stderr.splitlines(), proc.stderr
+    assert "\x1b" not in proc.stderr
     assert f" -> {out}" in proc.stderr
 
 

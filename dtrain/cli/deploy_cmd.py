@@ -104,6 +104,7 @@ def inspect(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from dtrain.cores import usable_cores
+    from dtrain.printable import printable
     from dtrain.serve.inspect_batch import check_output, collect_inputs, run_inspection
     from dtrain.serve.predictor import Predictor
 
@@ -116,7 +117,7 @@ def inspect(
     if skipped:
         path, why = next(iter(skipped.items()))
         console.print(f"note: {len(skipped)} ground-truth mask{'s' if len(skipped) != 1 else ''} beside the photos "
-                      f"not inspected (e.g. {path}: {why})", markup=False, highlight=False)
+                      f"not inspected (e.g. {printable(path)}: {why})", markup=False, highlight=False)
     columns = (TextColumn("inspecting"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[rate]}"), TimeRemainingColumn())
     # Rich draws the bar only on a terminal; piped or in a log, the summary alone is printed.
@@ -139,7 +140,7 @@ def inspect(
     )
     console.print(f"time per stage (thread-seconds): {summary.stages.describe()}", highlight=False, soft_wrap=True)
     for path in summary.error_paths[:10]:
-        console.print(f"  unreadable: {path}", markup=False, highlight=False, soft_wrap=True)
+        console.print(f"  unreadable: {printable(str(path))}", markup=False, highlight=False, soft_wrap=True)
     if json_summary:
         typer.echo(json.dumps({**summary.as_json(), "backend": predictor.backend, "out": str(out) if out else None}))
 

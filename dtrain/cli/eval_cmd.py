@@ -90,13 +90,15 @@ def _setters_table(result: dict, pct):
     from rich.markup import escape
     from rich.table import Table
 
+    from dtrain.printable import printable
+
     source = (result.get("threshold_basis") or {}).get("source", "validation split")
     table = Table(title=f"faintest defects of the {source}: they set the threshold", show_header=True)
     for name, justify in (("image", "left"), ("P(defect)", "right"), ("false alarms to catch it", "right"), ("caught", "left")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for s in result["threshold_setters"]:
         where = "/".join(Path(s["path"]).parts[-2:])  # class folder and file: enough to find it
-        table.add_row(escape(where), f"{s['p_defect']:.4f}", pct(s["false_alarm_rate_if_caught"]), "yes" if s["caught"] else "no")
+        table.add_row(escape(printable(where)), f"{s['p_defect']:.4f}", pct(s["false_alarm_rate_if_caught"]), "yes" if s["caught"] else "no")
     return table
 
 

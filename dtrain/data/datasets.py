@@ -29,6 +29,7 @@ from dtrain.data.layouts import scan
 from dtrain.data.transforms import read_image, read_image_oriented, resize_uint8, train_augmentation
 from dtrain.data.transplant import Transplants
 from dtrain.errors import ConfigError
+from dtrain.printable import printable
 
 log = logging.getLogger("dtrain.data")
 
@@ -137,7 +138,7 @@ class InspectionDataset(Dataset):
         if path in self._bad_local:
             return
         self._bad_local[path] = reason
-        log.warning("skipping unreadable image %s (%s)", path, reason)
+        log.warning("skipping unreadable image %s (%s)", printable(path), reason)
         # One short O_APPEND write: a JSON line, since a file name may hold a tab, a newline or
         # (unpacked from a Windows zip) bytes that are not UTF-8, which Python keeps as surrogates
         # and a UTF-8 text write refuses; json escapes all three.

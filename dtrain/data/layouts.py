@@ -64,6 +64,7 @@ from dtrain.data.masks import (
 )
 from dtrain.data.truth_trees import BoxTrees
 from dtrain.errors import DtrainError
+from dtrain.printable import printable, unsafe
 
 NEGATIVE_SYNONYMS = ("ok", "good", "normal")
 DETECTION_LABELS = frozenset({"labels", "label", "annotations", "annotation", "masks", "ground_truth", "xml", "json"})
@@ -177,7 +178,7 @@ def _require_text(name: str, where: Path) -> None:
     here: cp1252, cp437 or GBK bytes) reaches Python as surrogates, which the run would meet
     only at its end (the report's plots raised after training), and a pushed data set could
     not be read back. So it is refused before anything runs; its photo file names may be
-    any bytes."""
+    any bytes. Nor may it hold control characters."""
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
@@ -187,6 +188,14 @@ def _require_text(name: str, where: Path) -> None:
             "rename it to UTF-8: names from a zip made on Windows are usually cp1252, cp437 or gbk, e.g. "
             f"`convmv -f cp1252 -t utf8 -r --notest {where}` (or unpack with `unzip -O cp437`)",
         ) from None
+    if any(unsafe(ch) for ch in name):
+        # A tab, a newline or an escape in a label would act on every terminal, log, CSV row and
+        # service answer it is printed in (dtrain/printable.py); a class is named by people.
+        raise DtrainError(
+            f"the class name '{printable(name)}' in {where} holds control characters (a tab, a newline, a "
+            "terminal escape or a direction override), which would act on every terminal and log it is printed in",
+            "rename the folder (or the label) to plain text",
+        )
 
 
 def imagefolder(cfg: DataConfig, split: str) -> Listing:

@@ -41,6 +41,7 @@ from dtrain.data.shard_format import Manifest, decode_index, sha256_hex
 from dtrain.data.shard_verify import load_manifest, read_manifest_bytes
 from dtrain.data.storage import DataStore, open_store
 from dtrain.errors import DtrainError
+from dtrain.printable import printable
 
 log = logging.getLogger("dtrain.data")
 TRACE_ENV = "DTRAIN_DATA_TRACE"
@@ -208,7 +209,7 @@ class ShardDataset(Dataset):
         path = self.paths[index]
         if path not in self._bad:
             self._bad[path] = f"{type(exc).__name__}: {exc}"[:300]
-            log.warning("skipping unreadable image %s (%s)", path, self._bad[path])
+            log.warning("skipping unreadable image %s (%s)", printable(path), self._bad[path])
 
     @property
     def bad_files(self) -> list[str]:

@@ -26,6 +26,7 @@ import numpy as np
 from dtrain.data.masks import mark_output
 from dtrain.errors import DtrainError
 from dtrain.evaluation import metrics as M
+from dtrain.printable import printable
 
 if TYPE_CHECKING:  # torch is imported only once there is something to predict
     from dtrain.evaluation.predict import Predictions
@@ -72,7 +73,7 @@ def summarise(
     # The basis's warning says what choose_threshold's does, and what it costs, in plainer words.
     warnings = [basis["warning"]] if basis["warning"] else list(choice.warnings)
     setters = M.threshold_setters(val_p_def, val.targets != negative_index, t)
-    if (called_out := M.setter_warning(setters, lambda i: val.paths[i], source)) is not None:
+    if (called_out := M.setter_warning(setters, lambda i: printable(val.paths[i]), source)) is not None:
         warnings.append(called_out)
     support = M.support_warning(miss.n, target_miss_rate)
     if support:
