@@ -26,11 +26,12 @@ def unsafe(ch: str) -> bool:
     return unicodedata.category(ch) in ("Cc", "Cs") or ch in _BIDI
 
 
-def printable(text: str) -> str:
-    """`text` with every unsafe character written as its escape; the rest unchanged."""
-    if not any(unsafe(ch) for ch in text):
+def printable(text: str, keep: str = "") -> str:
+    """`text` with every unsafe character but those in `keep` written as its escape; the
+    rest unchanged. `keep="\\n"`: a message of several lines that may quote a name."""
+    if not any(unsafe(ch) and ch not in keep for ch in text):
         return text
-    return "".join(_escaped(ch) if unsafe(ch) else ch for ch in text)
+    return "".join(_escaped(ch) if unsafe(ch) and ch not in keep else ch for ch in text)
 
 
 def _escaped(ch: str) -> str:

@@ -75,3 +75,15 @@ def test_an_unreadable_photo_is_logged_by_an_escaped_name_and_listed_by_its_own(
     [logged] = [r.getMessage() for r in caplog.records if "skipping unreadable image" in r.getMessage()]
     assert "\x1b" not in logged and "z\\x1b]0;owned\\x07.png" in logged
     assert ds.bad_files == [str(bad)]
+
+
+def test_an_error_quoting_a_name_is_printed_with_its_own_lines_and_the_name_escaped(tmp_path):
+    import subprocess
+    import sys
+
+    missing = tmp_path / f"photos{ERASE}fine"
+    proc = subprocess.run([sys.executable, "-m", "dtrain", "quickstart", "--data", str(missing)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "\x1b" not in proc.stderr and "\r" not in proc.stderr
+    assert "photos\\x1b[2K\\rfine" in proc.stderr and "\n  hint: " in proc.stderr, proc.stderr

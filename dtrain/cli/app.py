@@ -13,6 +13,7 @@ import typer
 
 from dtrain import __version__
 from dtrain.errors import DtrainError, ExitStatus
+from dtrain.printable import printable
 
 app = typer.Typer(
     name="dtrain",
@@ -79,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     except DtrainError as exc:
         if show_traceback:
             raise
-        print(f"dtrain: error: {exc}", file=sys.stderr)
+        # A message may quote a file or folder name (or a node's output): its own lines stay lines.
+        shown = printable(str(exc), keep="\n\t")
+        print(f"dtrain: error: {shown}", file=sys.stderr)
         return int(exc.exit_status)
     except KeyboardInterrupt:
         print("dtrain: interrupted", file=sys.stderr)
