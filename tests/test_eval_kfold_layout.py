@@ -35,3 +35,12 @@ def test_a_model_with_a_val_split_reads_other_photos_in_their_layout(synth_data:
     cfg = _data_config(class_folders_data, _meta(trained))
     assert cfg.layout == "classfolders" and cfg.val_split == "val" and cfg.split_seed == 3
     assert len(scan(cfg, "val").paths) > 0
+
+
+def test_kfold_model_of_a_split_source_reads_its_test_split_and_no_val(synth_data: Path, tmp_path: Path):
+    """The source is ImageFolder like the folder of links: the same layout, read at the source."""
+    source = DataConfig(root=str(synth_data), layout="imagefolder")
+    final = run_config({"data": source.model_dump(mode="json"), "output_dir": "x"}, tmp_path / "folds" / "all", 1, tmp_path)
+    cfg = _data_config(synth_data, _meta(DataConfig(**final["data"])))
+    assert cfg.layout == "imagefolder" and cfg.val_split == "" and cfg.root == str(synth_data)
+    assert scan(cfg, cfg.test_split).paths == scan(source, "test").paths

@@ -260,29 +260,14 @@ def _device_name(dev) -> str:
 
 
 def _data_config(data: Any, meta: dict[str, Any]):
-    """A DataConfig for evaluation: the training run's settings, the given root, the model's image size."""
-    from dtrain.configio import validate
+    """A DataConfig for evaluation: the given one, or the training run's settings at the given root; the model's image size."""
     from dtrain.data.config import DataConfig
+    from dtrain.evaluation.run_data import run_data_config
     from dtrain.train.checkpoint import input_fields
 
     if isinstance(data, DataConfig):
-        cfg = data.model_copy(update=input_fields(meta))
-    else:
-        base = dict((meta.get("config") or {}).get("data") or {})
-        if not base.get("val_split", "val") and str(data) != base.get("root"):
-            # A k-fold final model (dtrain/recipe/oof.py) trained on a folder of links to all of train + val,
-            # so its config names that folder's layout, not the source's: read the folder given as the
-            # recipe did (class folders, MVTec, ...). Still no val split: the model has seen it.
-            from dtrain.recipe.stats import detect_layout
-
-            base.update(detect_layout(Path(data)), val_split="", val_from_train=0.0)
-        else:
-            from dtrain.recipe.stats import relocated
-
-            base = relocated(base, str(data))
-        base.update(root=str(data), **input_fields(meta))
-        cfg = validate(DataConfig, base, "the checkpoint's data config")
-    return cfg
+        return data.model_copy(update=input_fields(meta))
+    return run_data_config(meta, str(data))
 
 
 def _check_root(root: str) -> None:

@@ -39,18 +39,9 @@ class ValData:
 
 def data_config(root: str | None, meta: dict[str, Any]):
     """The training run's data settings, at `root` if given, at the model's image size."""
-    from dtrain.configio import validate
-    from dtrain.data.config import DataConfig
+    from dtrain.evaluation.run_data import run_data_config
 
-    base = dict((meta.get("config") or {}).get("data") or {})
-    if root is not None:
-        from dtrain.recipe.stats import relocated
-
-        base = {**relocated(base, str(root)), "root": str(root)}
-    from dtrain.train.checkpoint import input_fields
-
-    base.update(input_fields(meta))
-    cfg = validate(DataConfig, base, "the checkpoint's data config")
+    cfg = run_data_config(meta, None if root is None else str(root))
     if "://" not in cfg.root and not Path(cfg.root).is_dir():
         raise DtrainError(f"data directory not found: {cfg.root}",
                           "pass the data set root with --data DIR" if cfg.val_split else NO_VAL_HINT)
