@@ -13,20 +13,18 @@ TORCHRUN_DEFAULTS = frozenset({29400, 29500})  # c10d rendezvous and --master_po
 
 
 def free_port(rng: random.Random | None = None) -> int:
-    """A port free on every address, below the kernel's ephemeral range.
+    """A port free on every address, outside the kernel's ephemeral range (below it, or
+    above it where the range starts low).
 
     A port from bind(0) is ephemeral: between the check and the server's own bind, any
-    outgoing connection on the machine may be given it. Below the range only a listener
+    outgoing connection on the machine may be given it. Outside the range only a listener
     can take it. The check binds the wildcard address because torchrun's store and
     slurmctld listen there.
     """
     rng = rng or random.Random()
-    try:
-        top = min(int(EPHEMERAL_RANGE.read_text().split()[0]), 32_768)
-    except (OSError, ValueError, IndexError):  # not Linux: the usual IANA start
-        top = 32_768
-    for _ in range(200):
-        port = rng.randrange(LOWEST, top)
+    span = _outside_ephemeral()
+    for _ in range(200 if span else 0):
+        port = rng.randrange(*span)
         if port in TORCHRUN_DEFAULTS:
             continue
         with socket.socket() as s:
@@ -35,6 +33,21 @@ def free_port(rng: random.Random | None = None) -> int:
             except OSError:
                 continue
         return port
-    with socket.socket() as s:  # hardly anything free down there: let the kernel choose
+    with socket.socket() as s:  # no room outside the range, or hardly anything free there: the kernel chooses
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+def _outside_ephemeral() -> tuple[int, int] | None:
+    """[start, stop) of ports outside the kernel's ephemeral range: below it from LOWEST, or
+    above it where a machine's range starts lower; None where neither holds 1000 ports."""
+    try:
+        low, high = (int(v) for v in EPHEMERAL_RANGE.read_text().split()[:2])
+    except (OSError, ValueError):  # not Linux: the IANA range
+        low, high = 49_152, 65_535
+    below = (LOWEST, low)
+    above = (high + 1, 65_536)
+    for start, stop in (below, above):
+        if stop - start >= 1000:
+            return start, stop
+    return None

@@ -31,3 +31,14 @@ def test_the_port_is_below_the_ephemeral_range_so_no_outgoing_connection_takes_i
     seen = {ports.free_port() for _ in range(50)}
     assert all(ports.LOWEST <= p < low for p in seen), sorted(seen)
     assert len(seen) > 40  # random, so parallel test workers rarely pick the same one
+
+
+def test_a_machine_whose_ephemeral_range_starts_low_gets_a_port_above_it(tmp_path, monkeypatch):
+    conf = tmp_path / "ip_local_port_range"
+    monkeypatch.setattr(ports, "EPHEMERAL_RANGE", conf)
+    conf.write_text("1024\t60999\n")
+    assert all(61_000 <= ports.free_port() < 65_536 for _ in range(20))
+    conf.write_text("1024\t65535\n")  # no room outside it: the kernel's choice, still free
+    port = ports.free_port()
+    with socket.socket() as s:
+        s.bind(("", port))
