@@ -26,6 +26,26 @@ def test_a_card_with_no_checksums_is_refused(exported_model, tmp_path):
         load_card(copy)
 
 
+@pytest.mark.parametrize("absolute", [False, True])
+def test_a_card_that_names_a_network_outside_its_directory_is_refused(exported_model, tmp_path, absolute):
+    """Its checksum matches the file put there, and the service would have loaded that network."""
+    import hashlib
+
+    from dtrain.serve.model_dir import CARD, load_card
+
+    copy = tmp_path / "model"
+    shutil.copytree(exported_model, copy)
+    outside = tmp_path / "elsewhere.onnx"
+    outside.write_bytes((copy / "model.onnx").read_bytes())
+    name = str(outside) if absolute else "../elsewhere.onnx"
+    card = json.loads((copy / CARD).read_text())
+    card["files"][name] = hashlib.sha256(outside.read_bytes()).hexdigest()
+    card["backends"] = {backend: name for backend in card["backends"]}
+    (copy / CARD).write_text(json.dumps(card))
+    with pytest.raises(DtrainError, match="names its files by name alone"):
+        load_card(copy)
+
+
 def test_the_published_directory_is_readable_by_everyone(exported_model):
     assert stat.S_IMODE(exported_model.stat().st_mode) == 0o755
     for path in exported_model.iterdir():

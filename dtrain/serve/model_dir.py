@@ -19,7 +19,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from dtrain.configio import StrictModel
 from dtrain.data.config import input_hw
@@ -95,6 +95,16 @@ class ModelCard(StrictModel):
     files: dict[str, str] = {}  # file name -> sha256, every file except model.json
     # machine kind (serve/machine.py) -> the backend chosen there and the table it was chosen by (serve/choice.py)
     machine_choices: dict[str, MachineChoice] = {}
+
+    @field_validator("backends", "files")
+    @classmethod
+    def _names_inside(cls, names: dict[str, str], info) -> dict[str, str]:
+        # The files are the directory's own: a path ("../x.onnx", "/opt/x.pt2") would have the
+        # service verify and load a network from wherever the card points.
+        for name in (names.values() if info.field_name == "backends" else names):
+            if name in ("", ".", "..") or "/" in name or "\\" in name:
+                raise ValueError(f"a model directory names its files by name alone, not {name!r}")
+        return names
 
     def threshold_for(self, backend: str) -> float:
         """The P(defect) threshold `backend` decides at: its verification's (a quantised
