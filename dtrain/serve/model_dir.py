@@ -19,7 +19,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
 from dtrain.configio import StrictModel
 from dtrain.data.config import input_hw
@@ -98,7 +98,7 @@ class ModelCard(StrictModel):
 
     @field_validator("backends", "files")
     @classmethod
-    def _names_inside(cls, names: dict[str, str], info) -> dict[str, str]:
+    def _names_inside(cls, names: dict[str, str], info: ValidationInfo) -> dict[str, str]:
         # The files are the directory's own: a path ("../x.onnx", "/opt/x.pt2") would have the
         # service verify and load a network from wherever the card points.
         for name in (names.values() if info.field_name == "backends" else names):
