@@ -97,3 +97,21 @@ def test_ctrl_c_stops_the_whole_job(dtrain_home):
     assert f"job {job_id} stopped: interrupted (Ctrl-C)" in out
     assert json.loads(dtrain("status", job_id, "--json").stdout)["state"] == "stopped"
     assert wait_gone(job_id) == []
+
+
+def test_a_script_named_in_bytes_that_are_not_utf8_runs_and_is_listed_by_an_escaped_name(dtrain_home, tmp_path):
+    """A project unpacked from a Windows zip: the job's name (the script's) went into SQLite,
+    which refuses such bytes, and the launch died with a traceback after the preflight."""
+    folder = os.fsencode(tmp_path)
+    with open(folder + b"/d\xe9faut.py", "w") as fh:
+        fh.write("import os, sys\nprint('arg', os.fsencode(sys.argv[1]).hex(), flush=True)\n")
+    script, arg = os.fsdecode(folder + b"/d\xe9faut.py"), os.fsdecode(b"lot\xff")
+    res = dtrain("run", "--no-preflight", "--no-monitor", "--port", str(free_port()), "--", "python", script, arg,
+                 errors="surrogateescape")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "[local:r0] arg 6c6f74ff" in res.stdout  # the argument arrives as its own bytes, b"lot\xff"
+    named = dtrain("run", "--no-preflight", "--no-monitor", "--name", "line\nbreak", "--port", str(free_port()),
+                   "--", "python", script, "x", errors="surrogateescape")
+    assert named.returncode == 0, named.stdout + named.stderr
+    listed = json.loads(dtrain("jobs", "--json").stdout)
+    assert [j["name"] for j in listed] == ["line\\nbreak", "d\\xe9faut"]

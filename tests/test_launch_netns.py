@@ -192,7 +192,8 @@ def test_code_sync_over_ssh_to_a_node_with_its_own_workdir(netns_cluster, dtrain
     proj, elsewhere = tmp_path / "proj", tmp_path / "h2-workdir"
     proj.mkdir()
     (proj / "show.py").write_text(
-        "import os\nprint('cwd=' + os.getcwd(), 'ignored-file-there=' + str(os.path.exists('big.bin')))\n")
+        "import os, sys\nprint('cwd=' + os.getcwd(), 'ignored-file-there=' + str(os.path.exists('big.bin')))\n"
+        "print('arg', os.fsencode(sys.argv[1]).hex())\n")
     (proj / "big.bin").write_bytes(b"x" * 100)
     (proj / ".gitignore").write_text("big.bin\n")
     with open(os.fsencode(proj) + b"/d\xe9faut.txt", "wb") as fh:  # a name that is not UTF-8 (a Windows zip's)
@@ -200,8 +201,9 @@ def test_code_sync_over_ssh_to_a_node_with_its_own_workdir(netns_cluster, dtrain
     subprocess.run(["git", "init", "-q", str(proj)], check=True)
     yaml = netns_cluster.cluster_yaml(2, node_extra={"h1": f"    workdir: {proj}", "h2": f"    workdir: {elsewhere}"})
     run = Run(str(yaml), "--no-preflight", "--no-monitor", "--port", str(free_port()), "--", "python", "show.py",
-              cwd=proj)
+              os.fsdecode(b"lot\xff"), cwd=proj)  # an argument that is not UTF-8 either
     assert run.finish() == 0, run.output()
+    assert "[h1:r0] arg 6c6f74ff" in run.lines and "[h2:r1] arg 6c6f74ff" in run.lines, run.output()
     assert f"[h2:r1] cwd={elsewhere} ignored-file-there=False" in run.lines, run.output()
     assert f"[h1:r0] cwd={proj} ignored-file-there=True" in run.lines  # h1 shares the head's directory
     assert "[dtrain] code copied to h2 (3 files)" in run.lines

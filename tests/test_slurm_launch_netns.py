@@ -118,6 +118,20 @@ def test_the_defect_recipe_runs_unchanged_on_a_two_node_allocation(slurm_cluster
     assert status(slurm_cluster, job_id_of(res.stdout))["state"] == "succeeded"
 
 
+def test_a_script_and_an_argument_in_bytes_that_are_not_utf8_reach_every_node(slurm_cluster, dtrain_home, tmp_path):
+    """The batch script was written as UTF-8 text, which refused them: the job never started."""
+    folder = os.fsencode(tmp_path)
+    with open(folder + b"/d\xe9faut.py", "w") as fh:
+        fh.write("import os, sys\nprint('arg', os.fsencode(sys.argv[1]).hex(), flush=True)\n")
+    res = dtrain("run", cluster_file(slurm_cluster, tmp_path), "--nproc-per-node", "1", "--", "python",
+                 os.fsdecode(folder + b"/d\xe9faut.py"), os.fsdecode(b"lot\xff"), env=slurm_cluster.env(), timeout=150,
+                 errors="surrogateescape")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "[h1:r0] arg 6c6f74ff" in res.stdout and "[h2:r1] arg 6c6f74ff" in res.stdout, res.stdout
+    script = (dtrain_home / "jobs" / job_id_of(res.stdout) / "job.sbatch").read_bytes()
+    assert b"d\xe9faut.py" in script and b"lot\xff" in script
+
+
 def test_stop_cancels_a_queued_and_a_running_job(slurm_cluster, dtrain_home, tmp_path):
     queued = dtrain("run", cluster_file(slurm_cluster, tmp_path, extra=", extra: ['--begin=now+1hour']"),
                     "--detach", "--", "python", PLAIN, env=slurm_cluster.env(), timeout=60)

@@ -202,7 +202,9 @@ def execute(plan: LaunchPlan, job: JobSpec, cluster: SlurmCluster, *, registry: 
     client = client or SlurmClient()
     job_id, directory = plan.job_id, job_dir(plan.job_id)
     script = directory / "job.sbatch"
-    script.write_text(plan.batch.script)
+    # An argument may be bytes that are not UTF-8 (Python holds them as surrogates): written
+    # back as those bytes, so the ranks get what the user typed.
+    script.write_bytes(os.fsencode(plan.batch.script))
     # Secret values reach the job through sbatch's environment (it exports the submitter's).
     secret = secret_names(job, cluster)
     env = {**os.environ, **{k: v for k, v in {**cluster.defaults.env, **job.env}.items() if k in secret}}

@@ -15,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 
 from dtrain.configio import StrictModel
 from dtrain.errors import ConfigError
+from dtrain.printable import printable
 
 _NNODES = re.compile(r"^(\d+)(?::(\d+))?$")
 _PYTHON = re.compile(r"^(.*/)?python(\d+(\.\d+)?)?$")
@@ -73,11 +74,14 @@ class JobSpec(StrictModel):
         return lo, hi
 
     def display_name(self) -> str:
+        """The job's name in the registry, `dtrain jobs`, `dtrain top` and reports: text, so a
+        script or --name in bytes that are not UTF-8 (a Windows zip's), or holding a newline or
+        an escape, is shown with those written out (dtrain.printable; SQLite refuses the bytes)."""
         if self.name:
-            return self.name
+            return printable(self.name)
         target = torchrun_target(self.command)
         word = target[1] if target[0] in ("-m", "--no-python") else target[0]
-        return Path(word).stem or "job"
+        return printable(Path(word).stem) or "job"
 
 
 def torchrun_target(command: list[str]) -> list[str]:
