@@ -3,6 +3,7 @@ test's daemon), chosen so that nothing but another listener can take it before i
 
 from __future__ import annotations
 
+import errno
 import random
 import socket
 from pathlib import Path
@@ -18,21 +19,15 @@ def free_port(rng: random.Random | None = None) -> int:
 
     A port from bind(0) is ephemeral: between the check and the server's own bind, any
     outgoing connection on the machine may be given it. Outside the range only a listener
-    can take it. The check binds the wildcard address because torchrun's store and
+    can take it. The check binds the wildcard addresses because torchrun's store and
     slurmctld listen there.
     """
     rng = rng or random.Random()
     span = _outside_ephemeral()
     for _ in range(200 if span else 0):
         port = rng.randrange(*span)
-        if port in TORCHRUN_DEFAULTS:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("", port))
-            except OSError:
-                continue
-        return port
+        if port not in TORCHRUN_DEFAULTS and _free_everywhere(port):
+            return port
     with socket.socket() as s:  # no room outside the range, or hardly anything free there: the kernel chooses
         s.bind(("", 0))
         return s.getsockname()[1]
@@ -51,3 +46,24 @@ def _outside_ephemeral() -> tuple[int, int] | None:
         if stop - start >= 1000:
             return start, stop
     return None
+
+
+def _free_everywhere(port: int) -> bool:
+    """Free on the IPv4 wildcard and, where the machine has IPv6, on its wildcard too (torch's
+    store tries IPv6 first; a listener there alone leaves the IPv4 bind free)."""
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    try:
+        v6 = socket.socket(socket.AF_INET6)
+    except OSError:  # no IPv6 on this machine
+        return True
+    with v6:
+        v6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        try:
+            v6.bind(("::", port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRNOTAVAIL  # IPv6 present but no address to bind: nothing listens there
+    return True

@@ -1,6 +1,8 @@
 import random
 import socket
 
+import pytest
+
 from dtrain import ports
 
 
@@ -42,3 +44,18 @@ def test_a_machine_whose_ephemeral_range_starts_low_gets_a_port_above_it(tmp_pat
     port = ports.free_port()
     with socket.socket() as s:
         s.bind(("", port))
+
+
+def test_a_port_held_on_the_ipv6_wildcard_alone_is_skipped():
+    try:
+        held = socket.socket(socket.AF_INET6)
+    except OSError:
+        pytest.skip("no IPv6 on this machine")
+    with held:
+        held.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        held.bind(("::", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        with socket.socket() as v4:  # the IPv4 wildcard is free: an IPv4-only check would hand it out
+            v4.bind(("", taken))
+        assert ports.free_port(Scripted([taken])) != taken
