@@ -9,6 +9,7 @@ every epoch (`saved epoch E world=W`): what an elastic restart needs to go on.
 
 import argparse
 import os
+import sys
 import time
 
 import torch
@@ -70,11 +71,15 @@ def main():
         print(f"done world={world} steps={step}", flush=True)
         if args.out:
             torch.save({k: v.detach().clone() for k, v in model.module.state_dict().items()}, args.out)
-    # Every rank reaches the end before any tears gloo down: a peer closing its pairs
-    # while another is still in destroy_process_group aborts that one ("terminate
-    # called without an active exception", seen once in CI on rank 1).
+    # Every rank reaches the end, then leaves without tearing gloo down: a peer closing
+    # its pairs while another is still in destroy_process_group aborts that one
+    # ("terminate called without an active exception", exit -6 after "done": seen in CI
+    # on rank 1 without this barrier, and in session 37's suite on rank 0 with it).
+    # os._exit skips gloo's destructors, which would race the same way at interpreter exit.
     dist.barrier()
-    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
