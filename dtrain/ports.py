@@ -24,10 +24,11 @@ def free_port(rng: random.Random | None = None) -> int:
     """
     rng = rng or random.Random()
     span = _outside_ephemeral()
-    for _ in range(200 if span else 0):
-        port = rng.randrange(*span)
-        if port not in TORCHRUN_DEFAULTS and _free_everywhere(port):
-            return port
+    if span is not None:
+        for _ in range(200):
+            port = rng.randrange(*span)
+            if port not in TORCHRUN_DEFAULTS and _free_everywhere(port):
+                return port
     with socket.socket() as s:  # no room outside the range, or hardly anything free there: the kernel chooses
         s.bind(("", 0))
         return s.getsockname()[1]
