@@ -51,8 +51,16 @@ def read_mapping(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}", "check the path, or omit it to use the defaults")
+    # Bytes, not the locale's text: YAML is UTF-8 (or UTF-16 with its mark) whatever LANG says,
+    # and PyYAML's reader then reports a byte that is not (a Windows editor's Latin-1 é) with its place.
+    raw = path.read_bytes()
     try:
-        loaded = yaml.safe_load(path.read_text()) or {}
+        loaded = yaml.safe_load(raw) or {}
+    except yaml.reader.ReaderError as exc:
+        line = raw[: exc.position].count(b"\n") + 1
+        raise ConfigError(f"{path} is not YAML text at line {line} ({exc.reason}: #x{exc.character:02x})",
+                          "YAML files are UTF-8 text: save it as UTF-8 (your editor's encoding setting, "
+                          "or `iconv -f latin1 -t utf-8`), without control characters") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from None
     except RecursionError:  # PyYAML recurses per nesting level: "[[[...]]]" a thousand deep

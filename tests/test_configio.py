@@ -72,3 +72,27 @@ def test_a_path_that_is_not_utf8_is_printed_not_fatal_under_a_strict_locale(dtra
     out = subprocess.run([*dtrain_cmd, "data", "synth", out_dir, "-n", "30"], capture_output=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr.decode(errors="replace")[-500:]
     assert b"d\\udce9faut" in out.stdout and os.path.isdir(out_dir)
+
+
+def test_a_config_saved_in_latin1_is_a_config_error_naming_its_line(tmp_path):
+    """A Windows editor's Latin-1 'é' in a comment raised UnicodeDecodeError with a traceback."""
+    path = tmp_path / "c.yaml"
+    path.write_bytes(b"epochs: 2\n# d\xe9faut de surface\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml is not YAML text at line 2 \(invalid continuation byte: #xe9\)") as err:
+        load_config(TrainConfig, path)
+    assert "save it as UTF-8" in err.value.hint
+
+
+def test_a_utf8_config_reads_the_same_under_an_ascii_locale(tmp_path):
+    """YAML is UTF-8 whatever LANG says: under LC_ALL=C without Python's UTF-8 mode (a cron job,
+    a minimal container) read_text() decoded it as ASCII and failed on the first 'è'."""
+    import os
+    import sys
+
+    path = tmp_path / "c.yaml"
+    path.write_text("data:\n  root: /nas/pièces\n", encoding="utf-8")
+    env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONIOENCODING": "utf-8"}
+    code = "import sys; from dtrain.configio import read_mapping; print(read_mapping(sys.argv[1])['data']['root'])"
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr.decode(errors="replace")[-500:]
+    assert out.stdout.decode("utf-8").strip() == "/nas/pièces"

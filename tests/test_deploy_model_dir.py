@@ -63,3 +63,27 @@ def test_export_refuses_an_existing_non_model_out_before_any_work(tmp_path, dtra
     assert proc.returncode != 0
     assert "exists and is not a model directory" in proc.stderr and "checkpoint not found" not in proc.stderr
     assert (taken / "keep.jpg").read_bytes() == b"precious"
+
+
+def test_a_card_with_accented_class_names_round_trips_under_an_ascii_locale(exported_model, tmp_path):
+    """model.json is UTF-8 JSON: under LC_ALL=C without Python's UTF-8 mode, writing a class
+    named 'rayure_légère' raised UnicodeEncodeError (and a card written in a Latin-1 locale
+    could not be read on a UTF-8 inspection PC)."""
+    import os
+    import sys
+
+    copy = tmp_path / "model"
+    shutil.copytree(exported_model, copy)
+    code = (
+        "import sys; from pathlib import Path; from dtrain.serve.model_dir import load_card, write_card\n"
+        "d = Path(sys.argv[1]); card = load_card(d)\n"
+        "names = ['ok'] + ['rayure_l\\u00e9g\\u00e8re'] * (len(card.classes) - 1)\n"
+        "write_card(d, card.model_copy(update={'classes': names}))\n"
+        "print(ascii(load_card(d).classes))\n"
+    )
+    env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0"}
+    out = subprocess.run([sys.executable, "-c", code, str(copy)], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-800:]
+    assert "rayure_l\\xe9g\\xe8re" in out.stdout
+    raw = (copy / "model.json").read_bytes()
+    assert "rayure_légère".encode() in raw  # UTF-8 on disk, as JSON readers expect

@@ -149,6 +149,30 @@ def test_report_writes_html_pngs_and_summary(stored_job, tmp_path, dtrain_cmd):
     assert "node b stopped reporting" in html
 
 
+def test_report_of_a_node_without_gpus_under_an_ascii_locale(tmp_path, dtrain_cmd):
+    """The page shows "–" for a figure a node lacks (GPUs on a CPU node); under LC_ALL=C without
+    Python's UTF-8 mode the write used ASCII and `dtrain report` died with UnicodeEncodeError."""
+    import subprocess
+
+    job_dir = tmp_path / "jobs" / "20261202-140000-c0de"
+    store = MetricsDB.for_job(job_dir)
+    store.set_meta(job=job_dir.name, started=T0)
+    store.upsert_node("cpu1", "http://cpu1:9464", T0, "pending")
+    sample = {"cpu": 0.5, "mem_used": 1e9, "mem_total": 2e9, "net_rx_bps": 1.0, "net_tx_bps": 1.0,
+              "disk_read_bps": 1.0, "disk_write_bps": 1.0, "disk_read_iops": 1, "disk_write_iops": 1,
+              "job_cpu": 0.1, "job_rss": 1e8, "job_procs": 1}
+    store.write_poll(T0 + 1, [("cpu1", sample, json.dumps({}))], [], [])
+    store.set_meta(stopped=T0 + 2)
+    store.close()
+    out = tmp_path / "rep"
+    env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0"}
+    res = subprocess.run([*dtrain_cmd, "report", str(job_dir), "--out", str(out)], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr[-800:]
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert "<meta charset=utf-8>" in page and "<td>cpu1</td>" in page and "<td>–</td>" in page
+
+
 def test_a_failed_job_keeps_a_node_lost_at_its_end(finished_job, dtrain_home):
     # A node that dies makes the job fail seconds later: that loss explains the failure.
     # `top` learns the end from the registry while it watches.

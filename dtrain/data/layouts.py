@@ -543,7 +543,7 @@ def _yaml_names(path: Path) -> dict[str, str]:
     try:
         if path.stat().st_size > NAMES_MAX_BYTES:
             return {}
-        doc = yaml.safe_load(path.read_text(errors="replace"))
+        doc = yaml.safe_load(path.read_bytes().decode("utf-8", errors="replace"))  # UTF-8 whatever the locale
     except (OSError, yaml.YAMLError, RecursionError):  # PyYAML recurses per level: "[[[...]]]" 1000 deep
         return {}
     names = doc.get("names") if isinstance(doc, dict) else None

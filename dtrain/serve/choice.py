@@ -170,7 +170,7 @@ def record(folder: Path, kind: str, choice: MachineChoice) -> None:
     card = card.model_copy(update={"machine_choices": {**card.machine_choices, kind: choice}})
     fd, tmp = tempfile.mkstemp(prefix=f".{CARD}.", dir=folder)
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(card.model_dump_json(indent=2) + "\n")
         os.chmod(tmp, 0o644)
         os.replace(tmp, folder / CARD)

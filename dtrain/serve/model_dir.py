@@ -129,7 +129,7 @@ def write_card(folder: Path, card: ModelCard) -> None:
     """Fill in the checksums of the files in `folder` and write model.json."""
     files = {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != CARD}
     card = card.model_copy(update={"files": files})
-    (folder / CARD).write_text(card.model_dump_json(indent=2) + "\n")
+    (folder / CARD).write_text(card.model_dump_json(indent=2) + "\n", encoding="utf-8")  # JSON is UTF-8, not the locale's
 
 
 def staging_dir(out: Path) -> Path:
@@ -168,7 +168,7 @@ def load_card(folder: str | Path, *, verify: bool = True) -> ModelCard:
     if not path.is_file():
         raise DtrainError(f"{folder} is not a model directory (no {CARD})", "create one with `dtrain export CHECKPOINT --out DIR`")
     try:
-        card = ModelCard.model_validate_json(path.read_text())
+        card = ModelCard.model_validate_json(path.read_bytes())  # as UTF-8 JSON; bytes that are not: a ValidationError
     except ValidationError as exc:
         raise DtrainError(f"{path} is damaged or from another version: {exc.errors()[0]['msg']}", "export the model again") from None
     if verify:

@@ -22,7 +22,9 @@ def write_report(job: JobInfo, out: Path) -> dict[str, Any]:
     finally:
         store.close()
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (out / "report.html").write_text(_html(summary, plots))
+    # The page declares UTF-8 (and shows "–" for a missing figure): written so under any locale; a name
+    # of bytes that are not UTF-8 is shown as a replacement character rather than losing the report.
+    (out / "report.html").write_text(_html(summary, plots), encoding="utf-8", errors="replace")
     return summary
 
 
