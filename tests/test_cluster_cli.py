@@ -44,3 +44,16 @@ def test_check_fails_with_the_preflight_status_when_a_node_fails(dtrain_cmd, tmp
     assert res.returncode == ExitStatus.PREFLIGHT
     assert "local: python" in res.stdout and "not found" in res.stdout
     assert "preflight failed on 1 node(s): local" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_a_node_that_writes_latin1_to_stderr_is_reported_with_its_words(dtrain_cmd, tmp_path):
+    """A login script or an ssh Banner on an older host may write Latin-1 ("Accès réservé").
+    The probe's stderr was read as strict UTF-8 in a thread, which died with a traceback, and
+    the failing node was reported with "no output" instead of what it said."""
+    python = tmp_path / "python"
+    python.write_bytes(b"#!/bin/sh\nprintf 'Acc\\351s r\\351serv\\351\\n' >&2\nexit 3\n")
+    python.chmod(0o755)
+    res = run(dtrain_cmd, "--hosts", "local", "--python", str(python), "--port", str(free_port()))
+    assert res.returncode == ExitStatus.PREFLIGHT
+    assert "(exit 3: Acc\ufffds r\ufffdserv\ufffd)" in res.stdout, res.stdout
+    assert "Traceback" not in res.stderr and "UnicodeDecodeError" not in res.stderr, res.stderr[-800:]

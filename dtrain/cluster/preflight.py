@@ -100,7 +100,7 @@ def _probe(runner: CommandRunner, argv: list[str], report: NodeReport, node: Nod
     deadline = time.monotonic() + timeout
     try:
         proc = runner.popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, encoding="utf-8", errors="replace")
     except FileNotFoundError as exc:
         report.reachable = True
         report.fail("python", _missing_python(node, str(exc)))

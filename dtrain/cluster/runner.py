@@ -53,6 +53,7 @@ class CommandRunner(ABC):
         if preamble:
             input = preamble + (input or "")
         return subprocess.run(self.argv(remote_argv, env=env, cwd=cwd), input=input, text=True,
+                              encoding="utf-8", errors="replace",
                               capture_output=True, timeout=timeout,
                               stdin=None if input is not None else subprocess.DEVNULL)
 

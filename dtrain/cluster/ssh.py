@@ -68,7 +68,7 @@ class SshRunner(CommandRunner):
             return self.node.address
         argv = self.ssh_argv()
         try:
-            res = subprocess.run([argv[0], "-G", *argv[1:]], capture_output=True, text=True, timeout=15,
+            res = subprocess.run([argv[0], "-G", *argv[1:]], capture_output=True, text=True, errors="replace", timeout=15,
                                  stdin=subprocess.DEVNULL)
         except (OSError, subprocess.SubprocessError):
             return self.node.reach_address

@@ -30,7 +30,7 @@ def check_node(node: str, node_rank: int, master: str, port: int, gpus: int | No
             "listen_port": port if node_rank == 0 else None}
     # stdin is closed at once: the master's probe releases the port right after checking it
     res = subprocess.run([sys.executable, probe_remote.__file__, json.dumps(args)], stdin=subprocess.DEVNULL,
-                         capture_output=True, text=True, timeout=PROBE_TIMEOUT)
+                         capture_output=True, text=True, errors="replace", timeout=PROBE_TIMEOUT)
     spec = NodeSpec(name=node, host=node, python=sys.executable, gpus=gpus)
     master_spec = spec if node_rank == 0 else NodeSpec(name=master, host=master, python=sys.executable)
     report = NodeReport(node=node, host=node, address=node, is_master=node_rank == 0)

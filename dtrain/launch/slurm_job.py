@@ -96,7 +96,7 @@ class SlurmClient:
 
     def call(self, *argv: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
         try:
-            res = self._run(list(argv), capture_output=True, text=True, timeout=60, env=env or self.env)
+            res = self._run(list(argv), capture_output=True, text=True, errors="replace", timeout=60, env=env or self.env)
         except FileNotFoundError:
             raise DtrainError(f"`{argv[0]}` is not installed here", "run dtrain on a Slurm login node "
                               "(or install slurm-client and point SLURM_CONF at the cluster)") from None
