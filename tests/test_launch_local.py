@@ -115,3 +115,28 @@ def test_a_script_named_in_bytes_that_are_not_utf8_runs_and_is_listed_by_an_esca
     assert named.returncode == 0, named.stdout + named.stderr
     listed = json.loads(dtrain("jobs", "--json").stdout)
     assert [j["name"] for j in listed] == ["line\\nbreak", "d\\xe9faut"]
+
+
+def test_a_terminal_that_stops_reading_does_not_stop_the_job(dtrain_home):
+    """`dtrain run ... | less` (or Ctrl-S): the head's loop wrote each line to the terminal
+    itself, so once the pipe was full it blocked there, sent no keep-alives, and after
+    HEAD_TIMEOUT (20 s) the node stopped a healthy job ("failed (exit 1)")."""
+    import subprocess
+    import sys
+
+    from launch_helpers import REPO
+
+    proc = subprocess.Popen([sys.executable, "-m", "dtrain", "run", "--no-preflight", "--no-monitor",
+                             "--port", str(free_port()), "--", "python", str(SCRIPTS / "burst_then_wait.py"),
+                             "--lines", "2000", "--wait", "25"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(32)  # 220 kB of lines fill the 64 kB pipe at once; nobody reads past the head's timeout
+    out, err = proc.communicate(timeout=120)
+    out, err = out.decode(errors="replace"), err.decode(errors="replace")
+    assert proc.returncode == 0, err[-1500:]
+    job_id = job_id_of(out)
+    assert json.loads(dtrain("status", job_id, "--json").stdout)["state"] == "succeeded"
+    log = (dtrain_home / "jobs" / job_id / "output.log").read_text()
+    assert "[local:r0] rank 0 finished normally" in log and "rank 0 line 1999 " in log
+    # The terminal got every line too, or was told how many it missed and where they are.
+    assert "rank 0 line 1999 " in out or f"not shown here: the terminal was not reading fast enough (`dtrain logs {job_id}`" in out

@@ -33,12 +33,16 @@ from dtrain.launch.node import MARK
 from dtrain.launch.plan import KEEPALIVE, LaunchPlan, node_command
 from dtrain.launch.summary import PREFIXED, NodeEnd, RootCause, root_cause
 from dtrain.launch.sync import SYNC_MISSING, for_plan
+from dtrain.launch.terminal import TerminalWriter
 from dtrain.launch.watchdog import Hang, Watchdog
 from dtrain.paths import open_private, private_dir
 
 # Seconds after a node comes up when its monitor agent starts even if no rank has
 # reported yet (scripts that neither print nor call report_step early).
 AGENT_AFTER_S = 15.0
+# The longest the loop handles queued lines before it sees to keep-alives, stops and
+# failures again: a job that prints faster than the head writes its logs must not starve them.
+DRAIN_SLICE_S = 0.5
 _RESTART = re.compile(r"Restarting worker group|\[default\] Rendezvous complete|rendezvous round", re.I)
 
 
@@ -91,6 +95,9 @@ class JobSession:
         self.runners = runners
         self.job_dir = Path(job_dir)
         self.out = out
+        # The loop never writes to the terminal itself (terminal.py): one that stops reading
+        # would stop the keep-alives, and the nodes would end a healthy job.
+        self.terminal = TerminalWriter(out, missed_hint=f"`dtrain logs {self.job_dir.name}` has every line")
         self.clock = clock
         self.min_nodes = min_nodes if min_nodes is not None else plan.nnodes[0]
         self.lines: queue.Queue = queue.Queue()
@@ -125,7 +132,8 @@ class JobSession:
         self.monitoring = Monitoring(self.plan, self.runners, self.job_dir, self._say)
         try:
             for launch in self.plan.nodes:
-                self._start(launch, logs)
+                if self.stop_reason is None:  # stopped before it began: nothing to start
+                    self._start(launch, logs)
             return self._loop()
         finally:
             self._kill_all()
@@ -135,6 +143,7 @@ class JobSession:
             self.combined.close()
             if self.sync is not None:
                 self.sync.remove()
+            self.terminal.close()
 
     def _start(self, launch, logs: Path) -> None:
         runner = self.runners[launch.name]
@@ -305,8 +314,11 @@ class JobSession:
             item = self.lines.get(timeout=timeout)
         except queue.Empty:
             return
+        until = time.monotonic() + DRAIN_SLICE_S
         while True:
             self._handle(*item)
+            if time.monotonic() >= until:
+                return  # the rest waits for the next round
             try:
                 item = self.lines.get_nowait()
             except queue.Empty:
@@ -355,15 +367,18 @@ class JobSession:
             self.watchdog.heartbeats(node.launch.name, payload["hb"], now)
         if "exit" in payload:
             node.exit_reported = int(payload["exit"])
+            if payload.get("stopped") and node.stop_sent_at is None:
+                # The node ended the job itself (a signal there, the head's keep-alives lost):
+                # said, and kept with its last lines for the summary's first failure.
+                said = f"[dtrain] node {node.launch.name} stopped its job: {payload['stopped']}"
+                node.end.add(None, said)
+                node.log.write(said + "\n")
+                self._say(said)
 
     def _say(self, text: str, log: bool = True) -> None:
         if log:
             self.combined.write(text + "\n")
-        try:
-            self.out.write(text + "\n")
-            self.out.flush()
-        except (OSError, ValueError):
-            pass
+        self.terminal.say(text)
 
     def _ended(self, node: _Node, now: float) -> None:
         rc = node.proc.returncode
