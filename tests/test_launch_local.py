@@ -140,3 +140,46 @@ def test_a_terminal_that_stops_reading_does_not_stop_the_job(dtrain_home):
     assert "[local:r0] rank 0 finished normally" in log and "rank 0 line 1999 " in log
     # The terminal got every line too, or was told how many it missed and where they are.
     assert "rank 0 line 1999 " in out or f"not shown here: the terminal was not reading fast enough (`dtrain logs {job_id}`" in out
+
+
+def test_stop_sends_each_worker_one_sigterm(dtrain_home):
+    """The node wrapper sent SIGTERM to every descendant and torchrun passed on its own: a rank
+    saving a checkpoint in its SIGTERM handler was interrupted by the second one (the handler
+    ran again mid-save). A hand-written torchrun launch sends one."""
+    res = dtrain("run", "--no-preflight", "--no-monitor", "--detach", "--nproc-per-node", "2",
+                 "--port", str(free_port()), "--", "python", str(SCRIPTS / "save_on_sigterm.py"))
+    assert res.returncode == 0, res.stderr
+    job_id = job_id_of(res.stdout)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not all(f"rank {r} tick 2" in dtrain("logs", job_id).stdout for r in (0, 1)):
+        time.sleep(0.5)
+    res = dtrain("stop", job_id)
+    assert res.returncode == 0, res.stderr
+    assert wait_gone(job_id) == []
+    log = dtrain("logs", job_id).stdout
+    for r in (0, 1):
+        assert log.count(f"rank {r} got SIGTERM, saving") == 1, log[-2000:]
+        assert log.count(f"rank {r} saved") == 1, log[-2000:]
+
+
+def test_a_killed_node_wrapper_takes_torchrun_and_the_workers_with_it(dtrain_home):
+    """kill -9 of the node wrapper (the OOM killer, or the head's last resort on a local node)
+    left torchrun and its workers running for good, each in a session of its own, holding the
+    master port."""
+    import subprocess
+
+    res = dtrain("run", "--no-preflight", "--no-monitor", "--detach", "--port", str(free_port()), "--",
+                 "python", TICKER, "--ticks", "100000", "--every", "0.2")
+    assert res.returncode == 0, res.stderr
+    job_id = job_id_of(res.stdout)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and "rank 0 tick 1" not in dtrain("logs", job_id).stdout:
+        time.sleep(0.5)
+    wrappers = [pid for pid, cmd in job_processes(job_id) if "dtrain.launch.node" in cmd]
+    assert len(wrappers) == 1, job_processes(job_id)
+    os.kill(wrappers[0], signal.SIGKILL)
+    left = wait_gone(job_id)
+    for pid, _ in left:  # on the code before the fix: do not leave them running
+        subprocess.run(["kill", "-9", str(pid)], check=False)
+    assert left == []
+    assert json.loads(dtrain("status", job_id, "--json").stdout)["state"] == "failed"

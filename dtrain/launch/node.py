@@ -2,8 +2,8 @@
 
 It makes a job's lifetime on a node follow the head's: torchrun runs in its own session
 under this process (a child subreaper, so workers that torchrun leaves behind are
-re-parented here and found), and the whole tree is stopped - SIGTERM, then SIGKILL after
-a grace period - when stdin closes (the SSH connection or the head died), when the head's
+re-parented here and found), and the whole tree is stopped - SIGTERM to torchrun (which
+passes it on to its workers) and to strays, then SIGKILL after a grace period - when stdin closes (the SSH connection or the head died), when the head's
 keep-alive bytes on stdin stop for `--head-timeout` seconds (a network partition: the
 TCP connection is silent, not closed), or on SIGTERM / SIGHUP / SIGINT. Nothing of the
 job outlives it.
@@ -32,6 +32,7 @@ from pathlib import Path
 
 MARK = "@@dtrain@@ "
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_PDEATHSIG = 1
 
 
 def interface_towards(addr: str) -> str | None:
@@ -123,7 +124,7 @@ class NodeWrapper:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         self.proc = subprocess.Popen(
             self.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            env=self.env, start_new_session=True,
+            env=self.env, start_new_session=True, preexec_fn=_stopped_with(os.getpid()),
         )
         self.mark({"hb": {}})  # at once: the head learns this node is up (and starts its agent)
         pump = threading.Thread(target=self._pump, daemon=True)
@@ -163,13 +164,17 @@ class NodeWrapper:
         return psutil.Process().children(recursive=True)
 
     def stop_tree(self) -> None:
-        """SIGTERM every descendant, SIGKILL what is left after the grace period."""
+        """SIGTERM this process's own children, SIGKILL every descendant left after the grace period.
+
+        The children are torchrun while it runs, and the processes re-parented here (this is
+        their subreaper) once their parent is gone. Not torchrun's workers: torchrun sends
+        them SIGTERM itself, to each worker's process group, and a second one from here
+        landed in a worker's own SIGTERM handler while it was saving a checkpoint."""
         import psutil
 
-        procs = self._descendants()
-        if not procs:
+        if not self._descendants():
             return
-        for p in procs:
+        for p in psutil.Process().children():
             with contextlib.suppress(psutil.Error):
                 p.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + self.grace
@@ -197,6 +202,24 @@ class NodeWrapper:
                 continue
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(p.pid, os.WNOHANG)
+
+
+def _stopped_with(parent: int):
+    """A preexec_fn: the child (torchrun) gets SIGTERM when this wrapper dies, even by SIGKILL
+    (the OOM killer, `kill -9`, the head's last resort on a local node), and then stops its
+    workers as on any SIGTERM. Without it torchrun and the workers, each in a session of its
+    own, ran on with nobody to stop them. The function is looked up before the fork."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: the wrapper's own stop paths still apply
+        return None
+
+    def set_in_child() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the wrapper died before the line above: too late for the signal
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return set_in_child
 
 
 def _not_zombie(p) -> bool:

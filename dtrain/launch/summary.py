@@ -109,7 +109,10 @@ class RootCause:
     def describe(self) -> str:
         who = f"node {self.node}" + (f" rank {self.rank}" if self.rank is not None else "")
         if self.connection_lost:
-            head = f"first failure: {who}: lost the connection to the node (ssh exit {self.exit_code})"
+            # A local node has no ssh: its wrapper process itself ended without its exit report.
+            code = self.exit_code
+            killed = _signal_name(128 - code) if code is not None and 128 < code < 160 else ""
+            head = f"first failure: {who}: lost the connection to the node (its ssh or node wrapper ended without a word: exit {code}{killed})"
         else:
             code = self.rank_exit_code if self.rank_exit_code is not None else self.exit_code
             head = f"first failure: {who} exited with code {code}{_signal_name(code)}"
