@@ -6,6 +6,22 @@ import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+# What each stop signal means to a job: the registry's reason when it stops one.
+STOP_REASONS = {
+    signal.SIGTERM: "stopped (SIGTERM, e.g. dtrain stop)",
+    signal.SIGHUP: "stopped (SIGHUP: the terminal went away)",
+    signal.SIGINT: "interrupted (Ctrl-C)",
+}
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP raised in a block that already cleans up after Ctrl-C: the same
+    clean-up (and exit status 130), with the signal's own reason."""
+
+    def __init__(self, sig: signal.Signals) -> None:
+        super().__init__(STOP_REASONS[sig])
+        self.reason = STOP_REASONS[sig]
+
 
 @contextmanager
 def raising(signals: tuple[signal.Signals, ...], exc: Callable[[signal.Signals], BaseException]) -> Iterator[None]:

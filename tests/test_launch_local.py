@@ -183,3 +183,80 @@ def test_a_killed_node_wrapper_takes_torchrun_and_the_workers_with_it(dtrain_hom
         subprocess.run(["kill", "-9", str(pid)], check=False)
     assert left == []
     assert json.loads(dtrain("status", job_id, "--json").stdout)["state"] == "failed"
+
+
+def test_stop_during_the_setup_commands_stops_the_job_and_ends_them(dtrain_home, tmp_path):
+    """`dtrain stop` while a node's setup command ran: the launcher (the job's supervisor
+    until then) died of the SIGTERM without a word, the job read "failed: supervisor died",
+    and the setup command ran on and finished its work."""
+    import subprocess
+    import sys
+
+    from launch_helpers import REPO
+
+    marker = tmp_path / "setup-finished"
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("nodes:\n  - {name: n0, host: local, setup: [\"sleep 27.5; touch %s\"]}\n" % marker)
+    proc = subprocess.Popen([sys.executable, "-m", "dtrain", "run", str(cluster), "--no-preflight", "--no-monitor",
+                             "--port", str(free_port()), "--", "python", TICKER, "--ticks", "3"],
+                            cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any("sleep 27.5" in cmd for _, cmd in _all_processes()):
+        time.sleep(0.2)
+    job_id = json.loads(dtrain("jobs", "--json").stdout)[0]["id"]
+    res = dtrain("stop", job_id)
+    assert res.returncode == 0 and f"job {job_id} stopped" in res.stdout, res.stdout + res.stderr
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    status = json.loads(dtrain("status", job_id, "--json").stdout)
+    assert status["state"] == "stopped" and "while preparing" in status["reason"], status
+    assert not any("sleep 27.5" in cmd for _, cmd in _all_processes())
+    assert not marker.exists()
+
+
+def test_a_supervisor_that_dies_of_dtrain_stop_before_its_handlers_reads_stopped(dtrain_home):
+    """A detached supervisor stopped in its first half second (`dtrain run --detach && dtrain
+    stop`) was still importing, died of the SIGTERM, and the job read "failed: supervisor died"."""
+    import subprocess
+
+    from dtrain.jobs.registry import JobRegistry, JobState
+    from dtrain.jobs.views import stop_job
+
+    registry = JobRegistry()
+    rec = registry.create("early", ["local"], 1)
+    starting = subprocess.Popen(["sleep", "60"])  # dies of SIGTERM, as a supervisor does while it imports
+    try:
+        registry.set_supervisor(rec.id, starting.pid)
+        import io
+
+        stop_job(rec.id, wait=30, registry=registry, out=io.StringIO())
+    finally:
+        starting.kill()
+        starting.wait()
+    got = registry.get(rec.id)
+    assert got.state == JobState.STOPPED and got.exit_code == 130, got
+    assert got.reason.startswith("stopped (SIGTERM"), got.reason
+
+
+def test_stop_right_after_detach_reads_stopped(dtrain_home):
+    res = dtrain("run", "--no-preflight", "--no-monitor", "--detach", "--port", str(free_port()), "--",
+                 "python", TICKER, "--ticks", "100000")
+    assert res.returncode == 0, res.stderr
+    job_id = job_id_of(res.stdout)
+    res = dtrain("stop", job_id)
+    assert res.returncode == 0 and f"job {job_id} stopped" in res.stdout, res.stdout + res.stderr
+    assert json.loads(dtrain("status", job_id, "--json").stdout)["state"] == "stopped"
+    assert wait_gone(job_id) == []
+
+
+def _all_processes() -> list[tuple[int, str]]:
+    from pathlib import Path
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                found.append((int(entry.name), (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")))
+            except OSError:
+                continue
+    return found

@@ -213,9 +213,10 @@ class JobRegistry:
             rows = db.execute(sql).fetchall()
         return [self._checked(_from_row(r)) for r in rows]
 
-    def get(self, job_id: str) -> JobRecord:
+    def get(self, job_id: str, *, if_gone: tuple[JobState, int | None, str] | None = None) -> JobRecord:
         """The job with this id; else the newest job with this name; else the one job
-        whose id starts with it."""
+        whose id starts with it. A live job whose supervisor is gone is marked failed
+        ("supervisor died"), or as `if_gone` says (state, exit code, reason)."""
         cols = ", ".join(_COLUMNS)
         with self._connect() as db:
             row = db.execute(f"SELECT {cols} FROM jobs WHERE id = ?", [job_id]).fetchone()
@@ -234,15 +235,15 @@ class JobRegistry:
         if row is None:
             recent = ", ".join(r.id for r in self.list(limit=5)) or "none yet"
             raise DtrainError(f"no job {job_id!r}", f"`dtrain jobs` lists them (recent: {recent})")
-        return self._checked(_from_row(row))
+        return self._checked(_from_row(row), if_gone)
 
-    def _checked(self, rec: JobRecord) -> JobRecord:
-        """Mark a live job whose supervisor process is gone as failed, once, on read."""
+    def _checked(self, rec: JobRecord, if_gone: tuple[JobState, int | None, str] | None = None) -> JobRecord:
+        """Mark a live job whose supervisor process is gone as failed (or `if_gone`), once, on read."""
         if rec.state.terminal or rec.supervisor_pid is None:
             return rec
         if self.is_alive(rec.supervisor_pid, rec.supervisor_started):
             return rec
-        self.finish(rec.id, JobState.FAILED, rec.exit_code, "supervisor died")
+        self.finish(rec.id, *(if_gone or (JobState.FAILED, rec.exit_code, "supervisor died")))
         with self._connect() as db:
             row = db.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE id = ?", [rec.id]).fetchone()
         return _from_row(row)

@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from dtrain.errors import DtrainError
-from dtrain.jobs.registry import JobRecord, JobRegistry
+from dtrain.errors import DtrainError, ExitStatus
+from dtrain.jobs.registry import JobRecord, JobRegistry, JobState
 
 
 def _when(ts: float | None) -> str:
@@ -130,8 +130,11 @@ def stop_job(job: str, *, wait: float, registry: JobRegistry | None = None, out=
     except ProcessLookupError:
         pass
     deadline = time.monotonic() + wait
+    # A supervisor that dies of this SIGTERM before its handlers are in place (it was still
+    # starting, or preparing the nodes: no node runs yet) was stopped, not lost.
+    gone = (JobState.STOPPED, int(ExitStatus.INTERRUPTED), "stopped (SIGTERM, e.g. dtrain stop) before it started")
     while time.monotonic() < deadline:
-        rec = registry.get(rec.id)
+        rec = registry.get(rec.id, if_gone=gone)
         if rec.state.terminal:
             out.write(f"job {rec.id} {rec.state.value}\n")
             return rec

@@ -12,6 +12,7 @@ hand-written `ssh node torchrun ...`, not one per step.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from dtrain.launch.spec import JobSpec
 from dtrain.launch.supervisor import spawn, supervise, write_job_file
 from dtrain.launch.sync import can_mark, for_plan
 from dtrain.paths import job_dir
+from dtrain.signals import Stopped, raising
 
 
 @dataclass
@@ -165,12 +167,16 @@ def _execute(plan: LaunchPlan, cluster, job: JobSpec, runners: dict, registry: J
     handed_over = False  # the detached supervisor's session removes the marker
     try:
         try:
-            if sync is not None:
-                sync.write()
-            prepare_nodes(plan, cluster, runners, sync, out=out)
+            # `dtrain stop` (SIGTERM) or a closed terminal (SIGHUP) while the setup commands run
+            # stops the job like Ctrl-C does: recorded stopped, the commands' processes ended.
+            with raising((signal.SIGTERM, signal.SIGHUP), Stopped):
+                if sync is not None:
+                    sync.write()
+                prepare_nodes(plan, cluster, runners, sync, out=out)
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt):
-                registry.finish(job_id, JobState.STOPPED, int(ExitStatus.INTERRUPTED), "interrupted while preparing")
+                said = exc.reason if isinstance(exc, Stopped) else "interrupted"
+                registry.finish(job_id, JobState.STOPPED, int(ExitStatus.INTERRUPTED), f"{said} while preparing")
             else:
                 registry.finish(job_id, JobState.FAILED, 1, f"preparing the nodes failed: {exc}".splitlines()[0])
             raise

@@ -23,6 +23,7 @@ from dtrain.jobs.registry import JobRegistry, JobState
 from dtrain.launch.plan import LaunchPlan
 from dtrain.launch.session import JobSession, Outcome
 from dtrain.paths import job_dir, open_private, write_text_atomic
+from dtrain.signals import STOP_REASONS
 
 JOB_FILE = "job.json"
 
@@ -53,12 +54,7 @@ def read_job_file(directory: Path, values: dict[str, str] | None = None):
 @contextmanager
 def _signals_stop(session: JobSession):
     """SIGTERM/SIGHUP (`dtrain stop`, a closed terminal) and Ctrl-C stop the whole job."""
-    reasons = {
-        signal.SIGTERM: "stopped (SIGTERM, e.g. dtrain stop)",
-        signal.SIGHUP: "stopped (SIGHUP: the terminal went away)",
-        signal.SIGINT: "interrupted (Ctrl-C)",
-    }
-    old = {sig: signal.signal(sig, lambda s, f: session.stop(reasons[signal.Signals(s)])) for sig in reasons}
+    old = {sig: signal.signal(sig, lambda s, f: session.stop(STOP_REASONS[signal.Signals(s)])) for sig in STOP_REASONS}
     try:
         yield
     finally:
@@ -68,10 +64,12 @@ def _signals_stop(session: JobSession):
 
 def supervise(job_id: str, *, out: TextIO, registry: JobRegistry | None = None,
               runners: dict | None = None, plan: LaunchPlan | None = None,
-              secret_values: dict[str, str] | None = None, replacer=None) -> Outcome:
+              secret_values: dict[str, str] | None = None, replacer=None,
+              stop_asked: list[str] | None = None) -> Outcome:
     """Drive the job to its end. `runners` and `plan` come from the foreground `dtrain
     run` (which owns the runners' shared connections); a detached supervisor reads the
-    job file (its secret values come in `secret_values`) and opens - and closes - its own."""
+    job file (its secret values come in `secret_values`) and opens - and closes - its own.
+    `stop_asked`: the reasons of stop signals received before the session's handlers took over."""
     registry = registry or JobRegistry()
     directory = job_dir(job_id)
     if runners is not None and plan is not None:
@@ -79,19 +77,21 @@ def supervise(job_id: str, *, out: TextIO, registry: JobRegistry | None = None,
     plan, cluster, _ = read_job_file(directory, secret_values)
     runners = job_runners(cluster, job_id)
     try:
-        return _supervise(job_id, plan, runners, directory, out=out, registry=registry)
+        return _supervise(job_id, plan, runners, directory, out=out, registry=registry, stop_asked=stop_asked)
     finally:
         close_job_runners(runners)
 
 
 def _supervise(job_id: str, plan: LaunchPlan, runners: dict, directory: Path, *, out: TextIO,
-               registry: JobRegistry, replacer=None) -> Outcome:
+               registry: JobRegistry, replacer=None, stop_asked: list[str] | None = None) -> Outcome:
     registry.set_supervisor(job_id, os.getpid())
     registry.mark_running(job_id)
     session = JobSession(plan, runners, directory, out=out, replacer=replacer)
     outcome: Outcome | None = None
     try:
         with _signals_stop(session):
+            if stop_asked:  # `dtrain stop` right after `--detach`: no node is started
+                session.stop(stop_asked[0])
             outcome = session.run()
     finally:
         if outcome is None:
@@ -127,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m dtrain.launch.supervisor JOB_ID", file=sys.stderr)
         return 2
+    # From here a stop signal is noted, not fatal: the session acts on it once it is set up,
+    # and the job ends "stopped" rather than "supervisor died".
+    stop_asked: list[str] = []
+    for sig, reason in STOP_REASONS.items():
+        signal.signal(sig, lambda s, f, reason=reason: stop_asked.append(reason))
     values = secrets.receive(sys.stdin)
     plan, _, job = read_job_file(job_dir(args[0]), values)
     with open(os.devnull, "w") as devnull:
@@ -134,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             from dtrain.launch.slurm_job import watch
 
             return watch(args[0], job, out=devnull)
-        outcome = supervise(args[0], out=devnull, secret_values=values)
+        outcome = supervise(args[0], out=devnull, secret_values=values, stop_asked=stop_asked)
     return outcome.exit_code
 
 
