@@ -43,6 +43,8 @@ AGENT_AFTER_S = 15.0
 # The longest the loop handles queued lines before it sees to keep-alives, stops and
 # failures again: a job that prints faster than the head writes its logs must not starve them.
 DRAIN_SLICE_S = 0.5
+# Lines read from the nodes and not yet handled (a few MB).
+LINE_BACKLOG = 50_000
 _RESTART = re.compile(r"Restarting worker group|\[default\] Rendezvous complete|rendezvous round", re.I)
 
 
@@ -100,7 +102,9 @@ class JobSession:
         self.terminal = TerminalWriter(out, missed_hint=f"`dtrain logs {self.job_dir.name}` has every line")
         self.clock = clock
         self.min_nodes = min_nodes if min_nodes is not None else plan.nnodes[0]
-        self.lines: queue.Queue = queue.Queue()
+        # Bounded: a job that prints faster than the head writes its logs is held back by its
+        # pipes (as a terminal holds back a plain torchrun) instead of filling the head's memory.
+        self.lines: queue.Queue = queue.Queue(maxsize=LINE_BACKLOG)
         self.nodes: dict[str, _Node] = {}
         self.stop_reason: str | None = None  # set by stop() from a signal handler / CLI
         self._stop_state = "stopped"
