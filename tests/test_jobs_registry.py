@@ -79,8 +79,11 @@ def test_live_supervisor_stays_running(dtrain_home):
     reg.set_supervisor(rec.id, os.getpid())
     reg.mark_running(rec.id)
     assert reg.get(rec.id).state is JobState.RUNNING
-    # A reused pid (same number, different start time) is not our supervisor.
-    reg.update(rec.id, supervisor_started=1.0)
+    # A reused pid (same number, different start) is not our supervisor: by its start ticks
+    # where /proc has them (see test_a_clock_step...), by its start time where not.
+    from dtrain.jobs.registry import START_KEY
+
+    reg.update(rec.id, supervisor_started=1.0, extra={START_KEY: "another-boot:1"})
     assert reg.get(rec.id).state is JobState.FAILED
 
 
@@ -94,3 +97,36 @@ def test_start_time_without_procfs_comes_from_psutil(monkeypatch, tmp_path):
     monkeypatch.setattr(registry, "PROC", str(tmp_path / "no-procfs"))
     without = registry.process_start_time(os.getpid())
     assert with_proc is not None and without is not None and abs(with_proc - without) < 1.0
+
+
+def test_a_clock_step_does_not_make_a_live_supervisor_dead(tmp_path):
+    """The supervisor was told from a reused pid by its start time in wall-clock seconds,
+    which /proc derives from btime, and btime moves when the clock is stepped (an NTP step,
+    a VM resumed): any reader then marked a running job "failed: supervisor died" and its
+    real end was dropped. Its boot id and start ticks do not move."""
+    import subprocess
+
+    from dtrain.jobs.registry import START_KEY, JobRegistry, JobState
+
+    registry = JobRegistry(tmp_path / "jobs.sqlite")
+    rec = registry.create("long", ["local"], 1)
+    registry.update(rec.id, extra={"kept": 1})
+    sup = subprocess.Popen(["sleep", "60"])
+    try:
+        registry.set_supervisor(rec.id, sup.pid)
+        stored = registry.get(rec.id)
+        assert stored.extra["kept"] == 1 and stored.extra[START_KEY].rsplit(":", 1)[1].isdigit()
+        # What a reading taken after a 30 s step of the clock looks like next to the stored one.
+        registry.update(rec.id, supervisor_started=stored.supervisor_started + 30.0)
+        assert registry.get(rec.id).state == JobState.PENDING
+        # The same pid with another start (a reused pid) is not the supervisor.
+        boot, ticks = stored.extra[START_KEY].rsplit(":", 1)
+        other = registry.create("other", ["local"], 1)
+        registry.update(other.id, supervisor_pid=sup.pid, supervisor_started=stored.supervisor_started,
+                        extra={START_KEY: f"{boot}:{int(ticks) + 5}"})
+        assert registry.get(other.id).state == JobState.FAILED
+    finally:
+        sup.kill()
+        sup.wait()
+    gone = registry.get(rec.id)
+    assert gone.state == JobState.FAILED and gone.reason == "supervisor died"

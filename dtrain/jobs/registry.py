@@ -105,7 +105,39 @@ def _proc_start_time(pid: int) -> float | None:
         return None
 
 
-def supervisor_alive(pid: int, started: float | None) -> bool:
+# The extra field that names the supervisor's process exactly: "<boot id>:<start ticks>".
+START_KEY = "supervisor_start"
+
+
+def start_key(pid: int) -> str | None:
+    """The boot and clock ticks at which `pid` started, as /proc has them; "" for no such
+    process (or a zombie), None where /proc cannot tell.
+
+    Unlike a start time in wall-clock seconds, this does not move when the clock is stepped
+    (an NTP step, a VM resumed): /proc/stat's btime moves with the clock, so a job whose
+    supervisor ran through a step of over a second was read as dead ("supervisor died")."""
+    import os
+
+    if not os.path.isdir(f"{PROC}/self"):
+        return None
+    try:
+        with open(f"{PROC}/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        with open(f"{PROC}/sys/kernel/random/boot_id", "rb") as f:
+            boot = f.read().strip().decode()
+    except FileNotFoundError:
+        return ""
+    except (OSError, ValueError, IndexError):
+        return None
+    return "" if fields[0] == b"Z" else f"{boot}:{int(fields[19])}"
+
+
+def supervisor_alive(pid: int, started: float | None, key: str | None = None) -> bool:
+    """`key`: start_key when the supervisor was recorded (the exact test); else its start time."""
+    if key:
+        now_key = start_key(pid)
+        if now_key is not None:
+            return now_key == key
     now_started = process_start_time(pid)
     if now_started is None:
         return False
@@ -142,7 +174,7 @@ class JobRegistry:
         path: str | Path | None = None,
         *,
         clock: Callable[[], float] = time.time,
-        is_alive: Callable[[int, float | None], bool] = supervisor_alive,
+        is_alive: Callable[[int, float | None, str | None], bool] = supervisor_alive,
     ) -> None:
         if path is None:
             from dtrain.paths import registry_path
@@ -186,7 +218,16 @@ class JobRegistry:
             db.execute(f"UPDATE jobs SET {sets} WHERE id = ?", [*fields.values(), job_id])
 
     def set_supervisor(self, job_id: str, pid: int) -> None:
-        self.update(job_id, supervisor_pid=pid, supervisor_started=process_start_time(pid))
+        key = start_key(pid)
+        with self._connect() as db:
+            db.execute("BEGIN IMMEDIATE")  # the job's other extra fields are kept
+            row = db.execute("SELECT extra FROM jobs WHERE id = ?", [job_id]).fetchone()
+            extra = {k: v for k, v in json.loads((row and row[0]) or "{}").items() if k != START_KEY}
+            if key:
+                extra[START_KEY] = key
+            db.execute("UPDATE jobs SET supervisor_pid = ?, supervisor_started = ?, extra = ? WHERE id = ?",
+                       [pid, process_start_time(pid), json.dumps(extra), job_id])
+            db.execute("COMMIT")
 
     def mark_running(self, job_id: str) -> None:
         self.update(job_id, state=JobState.RUNNING, started=self.clock())
@@ -241,7 +282,7 @@ class JobRegistry:
         """Mark a live job whose supervisor process is gone as failed (or `if_gone`), once, on read."""
         if rec.state.terminal or rec.supervisor_pid is None:
             return rec
-        if self.is_alive(rec.supervisor_pid, rec.supervisor_started):
+        if self.is_alive(rec.supervisor_pid, rec.supervisor_started, rec.extra.get(START_KEY)):
             return rec
         self.finish(rec.id, *(if_gone or (JobState.FAILED, rec.exit_code, "supervisor died")))
         with self._connect() as db:
