@@ -76,3 +76,22 @@ def encoded(image, fmt: str, **kwargs) -> bytes:
     out = io.BytesIO()
     image.save(out, format=fmt, **kwargs)
     return out.getvalue()
+
+
+def damaged_files() -> dict[str, bytes]:
+    """Files whose header makes Pillow raise something other than OSError/ValueError (a
+    reviewer's fuzzing finds, rebuilt): name -> bytes."""
+    from PIL import Image
+
+    tiff = bytearray(encoded(Image.new("RGB", (4, 4), (10, 120, 250)), "TIFF"))
+    ifd = struct.unpack_from("<I", tiff, 4)[0]
+    entries = struct.unpack_from("<H", tiff, ifd)[0]
+    struct.pack_into("<I", tiff, ifd + 2 + 12 * entries, len(tiff) + 1000)  # next page past the end: TypeError
+    im_header = b"Image type: R1EGB image\r\nImage size (x*y): 20*24\r\nFile size (no of images): 1\r\n\x1a"
+    dds = bytearray(encoded(Image.new("RGBA", (4, 4)), "DDS"))
+    struct.pack_into("<I", dds, 80, 0xFF00)  # the pixel format's flags: NotImplementedError
+    return {
+        "next_page_past_end.tif": bytes(tiff),
+        "unknown_mode.im": im_header.ljust(512, b"\0") + bytes(20 * 24 * 3),  # KeyError
+        "unknown_flags.dds": bytes(dds),
+    }

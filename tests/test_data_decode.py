@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 from dtrain.data.decode import ImageRefused, decode, read_header
-from tests.image_fixtures import animated_gif, encoded, png16
+from tests.image_fixtures import animated_gif, damaged_files, encoded, png16
 
 
 def _rgb(r: int, g: int, b: int, side: int = 8) -> Image.Image:
@@ -75,6 +75,50 @@ def test_garbage_and_truncated_files_are_refused_not_raised_raw(data):
     with pytest.raises(ImageRefused) as info:
         decode(data)
     assert not info.value.too_large and ("not an image" in info.value.message or "corrupt" in info.value.message)
+
+
+@pytest.mark.parametrize("name", sorted(damaged_files()))
+def test_a_header_pillow_chokes_on_in_any_way_is_refused_as_unreadable(name):
+    """Pillow raised TypeError, KeyError or NotImplementedError on these: a 500 in the service."""
+    from dtrain.data.decode import decode_pil
+
+    for decoder in (decode, decode_pil):
+        with pytest.raises(ImageRefused, match="not an image file") as info:
+            decoder(damaged_files()[name])
+        assert not info.value.too_large
+
+
+def test_whatever_pillow_raises_while_decoding_is_a_refusal(monkeypatch):
+    from PIL import ImageFile
+
+    from dtrain.data.decode import decode_pil
+
+    def broken(_self):
+        raise KeyError("a reader's table has no such entry")
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", broken)
+    for decoder in (decode, decode_pil):  # BMP: Pillow decodes it in both
+        with pytest.raises(ImageRefused, match="cannot decode the BMP data"):
+            decoder(encoded(_rgb(1, 2, 3), "BMP"))
+
+
+def test_a_damaged_file_in_a_training_folder_is_skipped_and_listed(synth_data, tmp_path):
+    import shutil
+
+    from torch.utils.data import DataLoader
+
+    from dtrain.data.config import DataConfig
+    from dtrain.data.datasets import collate_skip_bad, open_split
+
+    root = tmp_path / "data"
+    shutil.copytree(synth_data / "val", root / "val")
+    tiff = root / "val" / "ok" / "zz_cut_short.tif"
+    tiff.write_bytes(damaged_files()["next_page_past_end.tif"])
+    ds = open_split(DataConfig(root=str(root), image_size=32), "val", train=True)
+    loader = DataLoader(ds, batch_size=len(ds), num_workers=0, collate_fn=collate_skip_bad)
+    (images, _labels), = list(loader)
+    assert images.shape[0] == len(ds) - 1
+    assert ds.bad_files == [str(tiff)] and "not an image file" in ds.bad_reasons[str(tiff)]
 
 
 def test_an_animated_gif_in_a_training_folder_is_skipped_and_listed(synth_data, tmp_path):

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 import subprocess
 
 import pytest
 
-from tests.image_fixtures import animated_gif, png16
+from tests.image_fixtures import animated_gif, damaged_files, png16
 
 
 def test_an_animated_gif_and_a_16_bit_png_in_an_inspect_folder(exported_model, synth_data, tmp_path, dtrain_cmd):
@@ -37,6 +38,30 @@ def test_an_animated_gif_and_a_16_bit_png_in_an_inspect_folder(exported_model, s
     assert f"  unreadable: {folder}/bad\\x1b]0;owned\\x07.png" in proc.stderr.splitlines(), proc.stderr
     assert "\x1b" not in proc.stderr
     assert f" -> {out}" in proc.stderr
+
+
+def test_files_whose_header_pillow_chokes_on_are_error_rows_among_judged_ones(exported_model, synth_data, tmp_path,
+                                                                              dtrain_cmd):
+    """Pillow's TypeError, KeyError, NotImplementedError on a header ended the whole run."""
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    good = sorted((synth_data / "test" / "ok").glob("*.png"))[:3]
+    for p in good:
+        shutil.copy(p, folder / p.name)
+    bad = []
+    for name, data in damaged_files().items():  # named: a folder's .im and .dds files are not read
+        bad.append(tmp_path / name)
+        bad[-1].write_bytes(data)
+    out = tmp_path / "r.csv"
+    proc = subprocess.run(dtrain_cmd + ["inspect", str(exported_model), str(folder), *map(str, bad), "--out", str(out),
+                                        "--batch", "2"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr  # error rows are results, as an animated GIF's
+    rows = {r["path"].rsplit("/", 1)[-1]: r for r in csv.DictReader(out.read_text().splitlines())}
+    assert sorted(rows) == sorted([p.name for p in good] + list(damaged_files()))
+    assert all(rows[p.name]["verdict"] in ("ok", "defect") and not rows[p.name]["error"] for p in good)
+    assert all(rows[n]["verdict"] == "" and "not an image file" in rows[n]["error"] for n in damaged_files())
+    assert f"{len(damaged_files())} unreadable" in proc.stderr and "Traceback" not in proc.stderr
 
 
 class _Dies:

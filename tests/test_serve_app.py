@@ -96,6 +96,17 @@ def test_corrupt_image_gets_422_and_service_keeps_serving(service, offline):
     assert _post(service, (good.name, good.read_bytes())).status_code == 200
 
 
+def test_a_header_pillow_chokes_on_gets_422_not_500(service, offline):
+    """Pillow's TypeError, KeyError, NotImplementedError on these headers were 500s."""
+    from tests.image_fixtures import damaged_files
+
+    for name, data in damaged_files().items():
+        r = _post(service, (name, data))
+        assert r.status_code == 422 and r.json()["detail"] == f"{name}: not an image file (unknown or corrupt format)"
+    good = next(iter(offline))
+    assert _post(service, (good.name, good.read_bytes())).status_code == 200
+
+
 def _png_header(width: int, height: int) -> bytes:
     """A PNG that declares width x height pixels but carries almost no data: what a
     decompression bomb looks like to a header reader, built without the gigabytes."""

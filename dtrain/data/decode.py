@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from PIL.Image import Image as PILImage
 
 T = TypeVar("T")
+D = TypeVar("D")
 # torchvision 0.29 marks its image codecs deprecated in favour of torchcodec (not a
 # dependency here); the codecs still work, and the warning would fire in every
 # DataLoader worker and bury real ones.
@@ -100,7 +101,7 @@ class Header:
 
 
 def read_header(data: bytes) -> Header:
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     try:
         with Image.open(io.BytesIO(data)) as img:  # header only
@@ -109,7 +110,10 @@ def read_header(data: bytes) -> Header:
                           _bytes_per_sample(img, data), _orientation(img))
     except Image.DecompressionBombError as exc:
         raise ImageRefused(f"image refused before decoding: {exc}", too_large=True) from None
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError):
+    except Exception:  # noqa: BLE001 - untrusted bytes: any failure to read them is the file's
+        # Pillow's readers raise whatever their parsing runs into on a damaged header, not
+        # only OSError/ValueError: TypeError (a TIFF whose next page lies past the end),
+        # KeyError (an IM file's unknown mode), NotImplementedError (DDS pixel flags), ...
         raise ImageRefused("not an image file (unknown or corrupt format)") from None
 
 
@@ -226,21 +230,27 @@ def decode_pil(
     or what `then` makes of it. `then` runs inside `admit`, so the full-size image is
     gone before the budget is given back (a resize after the budget let 16 concurrent
     6000 px uploads hold 2.8 GB where the budget said 250 MB)."""
-    return _checked_decode(data, max_pixels, max_decode_bytes, admit, lambda d, h: then(_pil_rgb(d, h, sample_bits)))[1]
+    return _checked_decode(data, max_pixels, max_decode_bytes, admit, lambda d, h: _pil_rgb(d, h, sample_bits), then)[1]
 
 
 def _checked_decode(data: bytes, max_pixels: int, max_decode_bytes: int, admit: Admit,
-                    how: Callable[[bytes, Header], T]) -> tuple[Header, T]:
+                    how: Callable[[bytes, Header], D], then: Callable[[D], T] = lambda img: img) -> tuple[Header, T]:
+    """`how` decodes (its failures are the file's: refused); `then` is the caller's own work
+    on the result, inside `admit` too, where an exception is a bug and stays one."""
     header = read_header(data)
     check(header, max_pixels, max_decode_bytes)
+    with admit(header.decode_bytes):
+        return header, then(_decoded(data, header, how))
+
+
+def _decoded(data: bytes, header: Header, how: Callable[[bytes, Header], D]) -> D:
     from PIL import Image
 
     try:
-        with admit(header.decode_bytes):
-            return header, how(data, header)
+        return how(data, header)
     except Image.DecompressionBombError as exc:
         raise ImageRefused(f"image refused: {exc}", too_large=True) from None
-    except (OSError, ValueError, SyntaxError, RuntimeError, EOFError):
+    except Exception:  # noqa: BLE001 - as in read_header: a damaged file fails however its reader fails
         # Truncated or damaged data surfaces only while decoding; the decoders' own
         # messages name C++ source lines, which help nobody here.
         raise ImageRefused(f"cannot decode the {header.format} data: the file is corrupt or truncated") from None
