@@ -161,6 +161,18 @@ def test_sample_bits_shift_a_12_bit_cameras_values_into_the_8_bit_range(name, ma
     assert decode_pil(make(0x2345), sample_bits=12).getpixel((0, 0)) == (255, 255, 255)
 
 
+def test_a_16_bit_colour_png_without_torchvision_is_refused_with_its_own_reason(monkeypatch):
+    """The refusal used to be rewritten on its way out as 'the file is corrupt or truncated'."""
+    from dtrain.data import decode as module
+
+    def no_torchvision(_data, _bits):
+        raise ImportError("No module named 'torchvision'")
+
+    monkeypatch.setattr(module, "_decode_torchvision", no_torchvision)
+    with pytest.raises(ImageRefused, match="needs torchvision to decode: install torch and torchvision"):
+        module.decode_pil(png16(8, 8, 3, 0x9A1), sample_bits=12)
+
+
 def test_sample_bits_leave_8_bit_images_alone():
     data = encoded(_rgb(200, 100, 7), "PNG")
     assert decode(data, sample_bits=12)[:, 0, 0].tolist() == [200, 100, 7]

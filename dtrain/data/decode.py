@@ -248,6 +248,8 @@ def _decoded(data: bytes, header: Header, how: Callable[[bytes, Header], D]) -> 
 
     try:
         return how(data, header)
+    except ImageRefused:  # a refusal with its own reason (a 16-bit colour PNG, no torchvision): kept
+        raise
     except Image.DecompressionBombError as exc:
         raise ImageRefused(f"image refused: {exc}", too_large=True) from None
     except Exception:  # noqa: BLE001 - as in read_header: a damaged file fails however its reader fails
