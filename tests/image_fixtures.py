@@ -79,8 +79,9 @@ def encoded(image, fmt: str, **kwargs) -> bytes:
 
 
 def damaged_files() -> dict[str, bytes]:
-    """Files whose header makes Pillow raise something other than OSError/ValueError (a
-    reviewer's fuzzing finds, rebuilt): name -> bytes."""
+    """Files whose header made Pillow raise something other than OSError/ValueError (a
+    reviewer's fuzzing finds, rebuilt): name -> bytes. The TIFF failed only when its pages
+    were counted; it is refused as multi-page since (its first page says a next one exists)."""
     from PIL import Image
 
     tiff = bytearray(encoded(Image.new("RGB", (4, 4), (10, 120, 250)), "TIFF"))
@@ -95,3 +96,21 @@ def damaged_files() -> dict[str, bytes]:
         "unknown_mode.im": im_header.ljust(512, b"\0") + bytes(20 * 24 * 3),  # KeyError
         "unknown_flags.dds": bytes(dds),
     }
+
+
+def tiff_pages(pages: int, *, last_broken: bool = False) -> bytes:
+    """A TIFF of `pages` chained 1 x 1 grey pages (~110 bytes each). `last_broken`: the
+    last page has no width, which Pillow fails on (TypeError) if it ever reads that page."""
+    def ifd(next_at: int, data_at: int, width: bool) -> bytes:
+        tags = [(256, 3, 1, 1)] if width else []
+        tags += [(257, 3, 1, 1), (258, 3, 1, 8), (259, 3, 1, 1), (262, 3, 1, 1), (273, 4, 1, data_at), (278, 3, 1, 1),
+                 (279, 4, 1, 1)]
+        body = struct.pack("<H", len(tags)) + b"".join(struct.pack("<HHII", *t) for t in tags)
+        return (body + struct.pack("<I", next_at)).ljust(2 + 12 * 8 + 4, b"\0")
+
+    size = 2 + 12 * 8 + 4
+    data_at = 8 + pages * size
+    out = b"II*\x00" + struct.pack("<I", 8)
+    for i in range(pages):
+        out += ifd(8 + (i + 1) * size if i < pages - 1 else 0, data_at, width=not (last_broken and i == pages - 1))
+    return out + b"\x80"

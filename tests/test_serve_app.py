@@ -102,7 +102,7 @@ def test_a_header_pillow_chokes_on_gets_422_not_500(service, offline):
 
     for name, data in damaged_files().items():
         r = _post(service, (name, data))
-        assert r.status_code == 422 and r.json()["detail"] == f"{name}: not an image file (unknown or corrupt format)"
+        assert r.status_code == 422 and r.json()["detail"].startswith(f"{name}: "), r.text
     good = next(iter(offline))
     assert _post(service, (good.name, good.read_bytes())).status_code == 200
 
