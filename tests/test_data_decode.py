@@ -219,6 +219,31 @@ def test_a_photo_is_decoded_upright_as_its_exif_orientation_says(orientation):
     assert tuple(jpeg.shape[1:]) == want.shape[:2]
 
 
+def test_a_phone_jpeg_with_a_second_picture_is_its_first_picture_upright():
+    """A phone stores a depth map or a preview after the photo (MP Format: Pillow's "MPO").
+    Viewers, OpenCV and torchvision show the first picture; it was refused as animated."""
+    import io
+
+    from PIL import ImageOps
+
+    from dtrain.data.decode import decode_pil
+
+    photo = np.zeros((16, 32, 3), np.uint8)  # wider than tall, halves far apart: JPEG keeps them
+    photo[:, :16] = (200, 30, 30)
+    photo[:, 16:] = (30, 200, 30)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # the phone was held upright: a quarter turn to view
+    data = encoded(Image.fromarray(photo), "MPO", save_all=True, append_images=[Image.new("RGB", (8, 8), (0, 0, 255))],
+                   exif=exif.tobytes(), quality=95)
+    with Image.open(io.BytesIO(data)) as img:
+        assert (img.format, img.n_frames) == ("MPO", 2)  # what a phone writes
+        want = np.asarray(ImageOps.exif_transpose(img.convert("RGB"))).astype(int)
+    assert want.shape == (32, 16, 3) and read_header(data).orientation == 6
+    for got in (decode(data).permute(1, 2, 0).numpy(), np.asarray(decode_pil(data))):
+        assert got.shape == want.shape and np.abs(got.astype(int) - want).max() <= 8
+        assert got[2, 8].tolist()[0] > 150 and got[29, 8].tolist()[1] > 150  # red on top, green below
+
+
 def test_a_damaged_or_absent_exif_orientation_leaves_the_pixels_as_stored():
     pixels = np.arange(6 * 10 * 3, dtype=np.uint8).reshape(6, 10, 3)
     for exif in (b"Exif\x00\x00MM\x00*\x00\x00\x00\x08\xff\xff", None):

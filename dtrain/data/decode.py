@@ -13,7 +13,8 @@ CVAT, a browser) apply it, so a box drawn on what the labeller saw lands on the 
 pixels here. The tag is read by Pillow with the header (pure Python: a malformed EXIF block
 is ignored, not a crash) and applied to the decoded pixels by a flip or turn.
 
-What is accepted: one still image of any size within the limits, grey, grey + alpha,
+What is accepted: one still image of any size within the limits (a JPEG's first picture
+where a phone stored a second one after it), grey, grey + alpha,
 palette, RGB, RGBA, CMYK, at 8 or 16 bits per sample (alpha is dropped). 16-bit samples
 become 8 bits by a shift of `sample_bits - 8` (DataConfig.sample_bits): the high byte by
 default, the low 12 bits' top 8 for a 12-bit camera's values stored as they come, which
@@ -59,7 +60,11 @@ QUARTER_TURNS = frozenset({5, 6, 7, 8})
 
 # torchvision decodes these natively (fast, and with little memory beyond its output);
 # the rest go through Pillow.
-_TORCHVISION_FORMATS = frozenset({"PNG", "JPEG", "WEBP", "GIF"})
+_TORCHVISION_FORMATS = frozenset({"PNG", "JPEG", "MPO", "WEBP", "GIF"})
+# A phone's JPEG may carry a second picture after the photo (a depth map, a preview: the MP
+# Format, which Pillow calls MPO). Viewers, OpenCV and torchvision show the first picture,
+# and so does this decoder (torchvision's and Pillow's JPEG readers stop after it).
+_FIRST_PICTURE_FORMATS = frozenset({"MPO"})
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _BYTES_PER_SAMPLE_BY_MODE = {"I;16": 2, "I;16L": 2, "I;16B": 2, "I;16N": 2, "I": 4, "F": 4}
 
@@ -108,7 +113,7 @@ def read_header(data: bytes) -> Header:
             # Whether a second frame exists, not how many: n_frames walks every page of a
             # TIFF, each step costing as much as all before it (40 000 pages of 1 x 1 pixel,
             # 4 MB: 12 s of CPU before the refusal).
-            animated = bool(getattr(img, "is_animated", False))
+            animated = bool(getattr(img, "is_animated", False)) and img.format not in _FIRST_PICTURE_FORMATS
             return Header(img.format or "image", img.width, img.height, img.mode, animated, len(img.getbands()),
                           _bytes_per_sample(img, data), _orientation(img))
     except Image.DecompressionBombError as exc:
