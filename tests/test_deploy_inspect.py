@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from tests.image_fixtures import animated_gif, damaged_files, png16
+from tests.image_fixtures import animated_gif, damaged_files, encoded, png16
 
 
 def test_an_animated_gif_and_a_16_bit_png_in_an_inspect_folder(exported_model, synth_data, tmp_path, dtrain_cmd):
@@ -62,6 +62,26 @@ def test_files_whose_header_pillow_chokes_on_are_error_rows_among_judged_ones(ex
     assert all(rows[p.name]["verdict"] in ("ok", "defect") and not rows[p.name]["error"] for p in good)
     assert all(rows[n]["verdict"] == "" and rows[n]["error"] for n in damaged_files())
     assert f"{len(damaged_files())} unreadable" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_file_larger_than_any_image_within_the_limits_is_an_error_row_and_not_read(exported_model, synth_data,
+                                                                                     tmp_path):
+    """A 2 GiB TIFF stack was read whole before its header was looked at: 2.3 GB per thread."""
+    import os
+
+    from PIL import Image
+
+    from dtrain.serve.inspect_batch import inspect_paths
+    from dtrain.serve.predictor import Predictor
+
+    big = tmp_path / "stack.tif"
+    big.write_bytes(encoded(Image.new("RGB", (20, 24)), "TIFF"))  # a readable image, and zeros after it
+    os.truncate(big, 320_000_001)  # past twice the default decode limit; a sparse file: no disk used
+    good = sorted((synth_data / "test" / "ok").glob("*.png"))[0]
+    rows = list(inspect_paths(Predictor(exported_model), [good, big], batch=2, workers=1))
+    assert rows[0].verdict in ("ok", "defect") and not rows[0].error
+    assert rows[1].verdict == "" and rows[1].error.startswith(
+        "the file is 320 MB, more than an image within the decode limit of 160 MB can need (320 MB); not read"), rows[1]
 
 
 class _Dies:

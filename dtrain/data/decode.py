@@ -30,6 +30,7 @@ imports neither torch nor torchvision at module level, so the runtime never load
 from __future__ import annotations
 
 import io
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -103,6 +104,27 @@ class Header:
     def decode_bytes(self) -> int:
         """Memory of the decoded pixels: at the file's depth, and at least RGB (the output)."""
         return self.pixels * max(self.channels, 3) * self.bytes_per_sample
+
+
+def max_file_bytes(max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES) -> int:
+    """The largest file an image within `max_decode_bytes` can need: its pixels stored as they
+    are, and as much again for metadata and bad compression (a noisy JPEG at quality 100 is
+    1.4x its pixels)."""
+    return 2 * max_decode_bytes
+
+
+def read_file(path: str | os.PathLike[str], max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES) -> bytes:
+    """A file's bytes for the decoder, refused unread (ImageRefused, too_large) when it is
+    larger than max_file_bytes: read whole before its header was looked at, a 2 GiB TIFF
+    stack cost 2.3 GB of memory per decoding thread. OSError when it cannot be read."""
+    limit = max_file_bytes(max_decode_bytes)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise ImageRefused(f"the file is {size / 1e6:.0f} MB, more than an image within the decode limit of "
+                               f"{max_decode_bytes / 1e6:.0f} MB can need ({limit / 1e6:.0f} MB); not read: "
+                               "several images in one file, or a damaged one? Store one image per file", too_large=True)
+        return f.read()
 
 
 def read_header(data: bytes) -> Header:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from dtrain.data.config import Size, as_hw
-from dtrain.data.decode import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS, FULL_BITS, ImageRefused, decode_pil
+from dtrain.data.decode import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS, FULL_BITS, ImageRefused, decode_pil, read_file
 from dtrain.data.masks import IMAGE_EXTENSIONS
 
 # Pillow stores a large image in 16 MB blocks by default. glibc serves blocks that size
@@ -91,10 +91,24 @@ def decode_checked(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, max_decode
                    budget: DecodeBudget | None = None, then=lambda img: img, sample_bits: int = FULL_BITS):
     """Encoded image -> 8-bit RGB Pillow image (or `then` of it, still inside the
     budget); raises ImageRejected."""
-    try:
-        kw = {"admit": budget.hold} if budget is not None else {}
+    kw = {"admit": budget.hold} if budget is not None else {}
+    with _rejected():
         return decode_pil(data, max_pixels=max_pixels, max_decode_bytes=max_decode_bytes, then=then,
                           sample_bits=sample_bits, **kw)
+
+
+def read_image_file(path: str | Path, max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES) -> bytes:
+    """A file's bytes, refused (ImageRejected 413) without reading them when the file is
+    larger than any image within the decode limit can be; OSError when it cannot be read."""
+    with _rejected():
+        return read_file(path, max_decode_bytes)
+
+
+@contextmanager
+def _rejected() -> Iterator[None]:
+    """The decoder's refusals as the HTTP status they deserve."""
+    try:
+        yield
     except ImageRefused as exc:
         raise ImageRejected(413 if exc.too_large else 422, exc.message) from None
 
@@ -115,4 +129,4 @@ def resize(img, size: Size) -> np.ndarray:
 
 def prepare_file(path: str | Path, size: Size, max_pixels: int = DEFAULT_MAX_PIXELS,
                  max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES, sample_bits: int = FULL_BITS) -> np.ndarray:
-    return prepare_bytes(Path(path).read_bytes(), size, max_pixels, max_decode_bytes, sample_bits=sample_bits)
+    return prepare_bytes(read_image_file(path, max_decode_bytes), size, max_pixels, max_decode_bytes, sample_bits=sample_bits)

@@ -35,7 +35,7 @@ import numpy as np
 
 from dtrain.data.masks import hidden_or_debris, masks_among, walk
 from dtrain.errors import DtrainError
-from dtrain.serve.images import DEFAULT_MAX_PIXELS, IMAGE_SUFFIXES, ImageRejected, decode_checked, resize
+from dtrain.serve.images import DEFAULT_MAX_PIXELS, IMAGE_SUFFIXES, ImageRejected, decode_checked, read_image_file, resize
 
 COLUMNS = ("path", "verdict", "class", "p_defect", "error")
 
@@ -165,7 +165,7 @@ def _prepare(paths: list[Path], size: tuple[int, int], max_pixels: int, clock: C
     for i, path in enumerate(paths):
         t0 = clock()
         try:
-            img = decode_checked(path.read_bytes(), max_pixels, sample_bits=sample_bits)
+            img = decode_checked(read_image_file(path), max_pixels, sample_bits=sample_bits)
         except ImageRejected as exc:
             errors[i] = exc.message
             continue
