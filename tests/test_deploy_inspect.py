@@ -84,6 +84,44 @@ def test_a_file_larger_than_any_image_within_the_limits_is_an_error_row_and_not_
         "the file is 320 MB, more than an image within the decode limit of 160 MB can need (320 MB); not read"), rows[1]
 
 
+def _slow_to_decode(path) -> None:
+    """A 2000 x 2000 PNG: ~30 ms to decode and resize, 46 kB on disk."""
+    import numpy as np
+    from PIL import Image
+
+    y, x = np.mgrid[0:2000, 0:2000]
+    Image.fromarray(np.stack([(x // 8) % 256, (y // 8) % 256, ((x + y) // 16) % 256], -1).astype(np.uint8)).save(path)
+
+
+def test_ctrl_c_says_where_the_judged_rows_are_and_keeps_them(exported_model, tmp_path, dtrain_cmd):
+    """Typer turned the KeyboardInterrupt into a bare exit 130: the note naming the .partial
+    file with the rows judged so far was never printed."""
+    import signal
+    import time
+
+    image = tmp_path / "part.png"
+    _slow_to_decode(image)
+    out, partial = tmp_path / "r.csv", tmp_path / "r.csv.partial"
+    proc = subprocess.Popen(dtrain_cmd + ["inspect", str(exported_model), *[str(image)] * 400, "--out", str(out),
+                                          "--batch", "2", "--workers", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120  # a guard against a hang, not a measure
+        while not (partial.exists() and len(partial.read_text().splitlines()) >= 3):  # the header and a batch
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    rows = list(csv.DictReader(partial.read_text().splitlines()))
+    assert 2 <= len(rows) < 400 and all(r["verdict"] in ("ok", "defect") for r in rows)
+    assert err.splitlines()[-2:] == ["dtrain: interrupted",
+                                     f"dtrain inspect: the {len(rows)} rows judged before this are in {partial}"], err
+    assert not out.exists()
+
+
 class _Dies:
     """A predictor that fails on its second batch, like a run killed midway."""
 

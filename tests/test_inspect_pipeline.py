@@ -153,3 +153,42 @@ def test_any_file_name_reaches_the_csv_and_jsonl_as_it_is_on_disk(exported_model
             rows = list(csv.DictReader(f)) if suffix == ".csv" else [json.loads(line) for line in f]
         assert sorted(r["path"] for r in rows) == wanted
         assert all(r["verdict"] in ("ok", "defect") for r in rows)
+
+
+class _Interrupted:
+    """A predictor on which Ctrl-C lands while it runs."""
+
+    input_hw, sample_bits = (8, 8), 16
+
+    def predict(self, images):
+        raise KeyboardInterrupt
+
+
+def test_an_interrupted_run_leaves_the_queued_images_unread(tmp_path, monkeypatch):
+    """Leaving the decoding pool waited for every batch in flight after a Ctrl-C (15 s on 40
+    large PNGs). Now the queued batch is dropped and the running one ends at its next image."""
+    import threading
+
+    from PIL import Image
+
+    from dtrain.serve import inspect_batch
+
+    image = tmp_path / "part.png"
+    Image.new("RGB", (8, 8)).save(image)
+    read, release = [], threading.Event()
+    real = inspect_batch.read_image_file
+
+    def reading(path):
+        if len(read) == 4:  # the second batch's first image: held until the interrupt is through
+            release.wait(10)
+        read.append(path)
+        return real(path)
+
+    monkeypatch.setattr(inspect_batch, "read_image_file", reading)
+    with pytest.raises(KeyboardInterrupt):
+        list(inspect_batch.inspect_paths(_Interrupted(), [image] * 12, batch=4, workers=1))
+    release.set()
+    for thread in threading.enumerate():
+        if thread.name.startswith("dtrain-decode"):
+            thread.join(30)
+    assert len(read) <= 5  # the first batch, and the image the second was reading; not the third batch

@@ -101,11 +101,11 @@ def inspect(
 
     from rich.console import Console
     from rich.markup import escape
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from dtrain.cores import usable_cores
+    from dtrain.errors import ExitStatus
     from dtrain.printable import printable
-    from dtrain.serve.inspect_batch import check_output, collect_inputs, run_inspection
+    from dtrain.serve.inspect_batch import check_output, collect_inputs
     from dtrain.serve.predictor import Predictor
 
     if out is not None:
@@ -118,18 +118,14 @@ def inspect(
         path, why = next(iter(skipped.items()))
         console.print(f"note: {len(skipped)} ground-truth mask{'s' if len(skipped) != 1 else ''} beside the photos "
                       f"not inspected (e.g. {printable(path)}: {why})", markup=False, highlight=False)
-    columns = (TextColumn("inspecting"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[rate]}"), TimeRemainingColumn())
-    # Rich draws the bar only on a terminal; piped or in a log, the summary alone is printed.
-    with Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task("inspect", total=len(paths), rate="")
-
-        def advance(n: int) -> None:
-            bar.advance(task, n)
-            speed = bar.tasks[task].speed
-            bar.update(task, rate=f"{speed:.0f} images/s" if speed else "")
-
-        summary = run_inspection(predictor, paths, out, batch=batch, workers=workers or usable_cores(), progress=advance)
+    try:
+        summary = _inspect_with_bar(console, predictor, paths, out, batch, workers or usable_cores())
+    except KeyboardInterrupt as exc:
+        # Typer turns a Ctrl-C into a bare exit 130 before dtrain's main sees it: the note
+        # saying where the rows judged so far are would never be printed.
+        for line in ("dtrain: interrupted", *getattr(exc, "__notes__", ())):
+            console.print(printable(line), markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(int(ExitStatus.INTERRUPTED)) from None
     # Paths are the user's: never read as markup, never broken across lines (soft_wrap),
     # so a piped or logged summary can be searched and copied.
     console.print(
@@ -143,6 +139,25 @@ def inspect(
         console.print(f"  unreadable: {printable(str(path))}", markup=False, highlight=False, soft_wrap=True)
     if json_summary:
         typer.echo(json.dumps({**summary.as_json(), "backend": predictor.backend, "out": str(out) if out else None}))
+
+
+def _inspect_with_bar(console, predictor, paths: list[Path], out: Path | None, batch: int, workers: int):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from dtrain.serve.inspect_batch import run_inspection
+
+    columns = (TextColumn("inspecting"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[rate]}"), TimeRemainingColumn())
+    # Rich draws the bar only on a terminal; piped or in a log, the summary alone is printed.
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("inspect", total=len(paths), rate="")
+
+        def advance(n: int) -> None:
+            bar.advance(task, n)
+            speed = bar.tasks[task].speed
+            bar.update(task, rate=f"{speed:.0f} images/s" if speed else "")
+
+        return run_inspection(predictor, paths, out, batch=batch, workers=workers, progress=advance)
 
 
 def serve(
