@@ -107,6 +107,22 @@ def test_a_header_pillow_chokes_on_gets_422_not_500(service, offline):
     assert _post(service, (good.name, good.read_bytes())).status_code == 200
 
 
+def test_a_client_that_leaves_stops_the_decoding_of_its_request(service, offline, monkeypatch):
+    """Starlette goes on with a request whose client has left: every image was decoded for nobody."""
+    from tests.serve_hooks import Decodes
+
+    decodes = Decodes(monkeypatch, hold_at=3)
+    good = next(iter(offline)).read_bytes()
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up while the third image is held
+        httpx.post(f"{service}/inspect", files=[("files", (f"part{i}.png", good, "image/png")) for i in range(40)],
+                   timeout=httpx.Timeout(60, read=0.5))
+    deadline = time.monotonic() + 30  # a guard, not a measure: until the service has seen the client go
+    while 'status="499"' not in httpx.get(f"{service}/metrics").text:
+        assert time.monotonic() < deadline, "the service never noticed the client leave"
+        time.sleep(0.05)
+    assert decodes.after_release() == 3
+
+
 def _png_header(width: int, height: int) -> bytes:
     """A PNG that declares width x height pixels but carries almost no data: what a
     decompression bomb looks like to a header reader, built without the gigabytes."""

@@ -11,6 +11,8 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.serve_hooks import Decodes
+
 
 class _Failing:
     """A Predictor whose next predict() does `failure` (then it behaves again)."""
@@ -90,3 +92,38 @@ def test_a_dead_batcher_is_reported_by_healthz_and_fails_requests_fast(client, i
     assert health.status_code == 503 and "batching task" in health.json()["detail"]
     r = _inspect(client, image)  # at once, not after a timeout
     assert r.status_code == 503 and "restart" in r.json()["detail"]
+
+
+def test_after_a_504_the_rest_of_the_request_is_not_decoded(exported_model, image, monkeypatch):
+    """The decoding thread went on through every image of a request already answered 504."""
+    from dtrain.serve.app import ServeLimits, create_app
+    from dtrain.serve.predictor import Predictor
+
+    decodes = Decodes(monkeypatch, hold_at=3)
+    with TestClient(create_app(Predictor(exported_model), ServeLimits(request_timeout_s=0.2))) as client:
+        r = client.post("/inspect", files=[("files", (f"part{i}.png", image, "image/png")) for i in range(40)])
+        assert r.status_code == 504
+        assert decodes.after_release() == 3  # the image in hand when the 504 went out; not the 37 after it
+
+
+def test_an_abandoned_request_gives_up_its_wait_for_the_decode_budget():
+    from dtrain.serve.images import Abandoned, DecodeBudget
+
+    budget = DecodeBudget(100)
+    abandoned, outcome = threading.Event(), []
+
+    def waiting() -> None:
+        try:
+            with budget.hold(60, abandoned):
+                outcome.append("decoded")
+        except Abandoned:
+            outcome.append("gave up")
+
+    with budget.hold(60):  # a large image of another request decodes meanwhile
+        thread = threading.Thread(target=waiting)
+        thread.start()
+        budget.abandon(abandoned)
+        thread.join(30)
+        assert outcome == ["gave up"]
+    with budget.hold(100):  # and nothing of the budget was kept
+        pass

@@ -6,7 +6,9 @@ decoded), then the decode itself; a refusal is a 413 or a 422 with a message, an
 service goes on. Decoding runs in worker threads within a shared budget of decoded
 bytes (`decode_budget_bytes`, see images.DecodeBudget: memory stays bounded however
 many clients upload at once); inference in the micro-batcher's single thread. A request that takes longer
-than `request_timeout_s` gets a 504; every answer, 500s included, is counted in /metrics.
+than `request_timeout_s` gets a 504; every answer, 500s included, is counted in /metrics. A
+request answered with a 504, or whose client left (counted as a 499), has no more of its
+images decoded.
 
 There is no /docs page: FastAPI's loads Swagger UI from a CDN, which an inspection PC
 cannot reach, and no installed package ships its assets. /openapi.json describes the API.
@@ -16,8 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
+from collections.abc import Awaitable
 from contextlib import asynccontextmanager
+from typing import TypeVar
 
 from fastapi import FastAPI, File, HTTPException, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
@@ -27,9 +32,17 @@ from pydantic import BaseModel, Field
 from dtrain import __version__
 from dtrain.configio import StrictModel
 from dtrain.serve.batching import MicroBatcher
-from dtrain.serve.images import DEFAULT_MAX_DECODE_BYTES, DEFAULT_MAX_PIXELS, DecodeBudget, ImageRejected, prepare_bytes
+from dtrain.serve.images import (
+    DEFAULT_MAX_DECODE_BYTES,
+    DEFAULT_MAX_PIXELS,
+    Abandoned,
+    DecodeBudget,
+    ImageRejected,
+    prepare_bytes,
+)
 
 log = logging.getLogger("dtrain.serve")
+T = TypeVar("T")
 
 
 class ServeLimits(StrictModel):
@@ -150,21 +163,30 @@ def create_app(predictor, limits: ServeLimits | None = None) -> FastAPI:
                 504: {"model": ErrorBody, "description": f"no answer within {limits.request_timeout_s:g} s"}}
 
     @app.post("/inspect", response_model=InspectResponse, response_model_by_alias=True, responses=refusals)
-    async def inspect(files: list[UploadFile] = File(..., description="one or several image files")) -> InspectResponse:
+    async def inspect(request: Request,
+                      files: list[UploadFile] = File(..., description="one or several image files")) -> InspectResponse:
         """Judge each uploaded image: verdict, class and P(defect)."""
         if len(files) > limits.max_images_per_request:
             raise HTTPException(413, f"{len(files)} images in one request, above the limit of {limits.max_images_per_request}")
         if batcher.dead:
             raise HTTPException(503, f"the inspection service is broken ({batcher.dead}); restart it")
         blobs = [(f.filename or f"image{i}", await f.read()) for i, f in enumerate(files)]
+        abandoned = threading.Event()
         try:
             async with asyncio.timeout(limits.request_timeout_s):
-                images = await run_in_threadpool(_prepare_all, blobs, predictor.input_hw, limits, budget,
-                                                  predictor.sample_bits)
+                images = await _unless_client_left(request, run_in_threadpool(
+                    _prepare_all, blobs, predictor.input_hw, limits, budget, predictor.sample_bits, abandoned))
                 results = await batcher.submit_many(images)
         except TimeoutError:
             raise HTTPException(504, f"no verdict within {limits.request_timeout_s:g} s (the service is overloaded "
                                      "or stuck); retry, and check /healthz") from None
+        except Abandoned:
+            return JSONResponse({"detail": "the client closed the connection"}, status_code=499)  # nginx's code; nobody reads it
+        finally:
+            # Answered or given up: the decoding thread does not outlive the request by more
+            # than the image in hand (it went on through every image after a 504), and its
+            # images waiting for the budget leave their turn to other requests.
+            budget.abandon(abandoned)
         for r in results:
             verdicts.labels(r.verdict).inc()
         return InspectResponse(
@@ -187,13 +209,39 @@ def create_app(predictor, limits: ServeLimits | None = None) -> FastAPI:
     return app
 
 
-def _prepare_all(blobs: list[tuple[str, bytes]], size: tuple[int, int], limits: ServeLimits, budget: DecodeBudget, sample_bits: int):
+def _prepare_all(blobs: list[tuple[str, bytes]], size: tuple[int, int], limits: ServeLimits, budget: DecodeBudget,
+                 sample_bits: int, abandoned: threading.Event):
     out = []
     for name, data in blobs:
+        if abandoned.is_set():
+            raise Abandoned
         try:
             # The budget is held by this thread, not the request: a request that timed out
-            # keeps its share until the decode really ends, so the bound holds.
-            out.append(prepare_bytes(data, size, limits.max_pixels, limits.max_decode_bytes, budget, sample_bits))
+            # keeps its share until the decode in hand really ends, so the bound holds.
+            out.append(prepare_bytes(data, size, limits.max_pixels, limits.max_decode_bytes, budget, sample_bits,
+                                     abandoned))
         except ImageRejected as exc:
             raise HTTPException(exc.status, f"{name}: {exc.message}") from None
     return out
+
+
+async def _unless_client_left(request: Request, work: Awaitable[T]) -> T:
+    """`work`'s result, or Abandoned as soon as the client disconnects. Starlette goes on
+    with a request whose client has left: its images would all be decoded for nobody."""
+    task = asyncio.ensure_future(work)
+    left = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, left}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        left.cancel()
+        if not task.done():  # the client left, or the request timed out (cancelled here)
+            task.cancel()
+    if not task.done():
+        raise Abandoned
+    return task.result()
+
+
+async def _disconnected(request: Request) -> None:
+    # The body has been read: what the server receives next is the disconnect (or nothing).
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

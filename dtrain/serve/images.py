@@ -53,6 +53,11 @@ class ImageRejected(Exception):
         self.message = message
 
 
+class Abandoned(Exception):
+    """The request an image belongs to was answered (a 504) or its client left: the image
+    is not decoded."""
+
+
 class DecodeBudget:
     """Decoded bytes in flight across threads: a decode waits until its bytes (from the
     header) fit, so many small images decode in parallel and a few large ones take turns.
@@ -65,10 +70,14 @@ class DecodeBudget:
         self._changed = threading.Condition()
 
     @contextmanager
-    def hold(self, nbytes: int) -> Iterator[None]:
+    def hold(self, nbytes: int, abandoned: threading.Event | None = None) -> Iterator[None]:
+        """Raises Abandoned, instead of waiting on, once `abandon(abandoned)` was called."""
         nbytes = min(nbytes, self.max_bytes)  # one image above the whole budget runs alone
+        gone = abandoned.is_set if abandoned is not None else lambda: False
         with self._changed:
-            self._changed.wait_for(lambda: self._free >= nbytes)
+            self._changed.wait_for(lambda: self._free >= nbytes or gone())
+            if gone():
+                raise Abandoned
             self._free -= nbytes
         try:
             yield
@@ -77,21 +86,28 @@ class DecodeBudget:
                 self._free += nbytes
                 self._changed.notify_all()
 
+    def abandon(self, abandoned: threading.Event) -> None:
+        """Set `abandoned`, and wake its decodes waiting for their turn so that they give it up."""
+        with self._changed:
+            abandoned.set()
+            self._changed.notify_all()
+
 
 def prepare_bytes(data: bytes, size: Size, max_pixels: int = DEFAULT_MAX_PIXELS,
                   max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES, budget: DecodeBudget | None = None,
-                  sample_bits: int = FULL_BITS) -> np.ndarray:
+                  sample_bits: int = FULL_BITS, abandoned: threading.Event | None = None) -> np.ndarray:
     """Encoded image -> uint8 [3, H, W] (`size`: a side or (H, W)); raises ImageRejected.
-    `sample_bits`: the model card's (Preprocessing.sample_bits)."""
+    `sample_bits`: the model card's (Preprocessing.sample_bits). `abandoned`: see DecodeBudget.hold."""
     return decode_checked(data, max_pixels, max_decode_bytes, budget, then=lambda img: resize(img, size),
-                          sample_bits=sample_bits)
+                          sample_bits=sample_bits, abandoned=abandoned)
 
 
 def decode_checked(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, max_decode_bytes: int = DEFAULT_MAX_DECODE_BYTES,
-                   budget: DecodeBudget | None = None, then=lambda img: img, sample_bits: int = FULL_BITS):
+                   budget: DecodeBudget | None = None, then=lambda img: img, sample_bits: int = FULL_BITS,
+                   abandoned: threading.Event | None = None):
     """Encoded image -> 8-bit RGB Pillow image (or `then` of it, still inside the
     budget); raises ImageRejected."""
-    kw = {"admit": budget.hold} if budget is not None else {}
+    kw = {"admit": lambda nbytes: budget.hold(nbytes, abandoned)} if budget is not None else {}
     with _rejected():
         return decode_pil(data, max_pixels=max_pixels, max_decode_bytes=max_decode_bytes, then=then,
                           sample_bits=sample_bits, **kw)
