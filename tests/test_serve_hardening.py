@@ -26,10 +26,10 @@ class Server:
         self.proc = subprocess.Popen([sys.executable, "-m", "dtrain", "serve", str(model_dir), "--port", "0", *args],
                                      cwd=REPO, stdout=self._fh, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
-        while not (match := re.search(r"on http://127\.0\.0\.1:(\d+)", self.output())):
+        while not (match := re.search(r" on (http://\S+) \(backend", self.output())):
             assert self.proc.poll() is None and time.monotonic() < deadline, self.output()[-3000:]
             time.sleep(0.1)
-        self.url = f"http://127.0.0.1:{match.group(1)}"
+        self.url = match.group(1)
         while True:  # printed once bound; answering once the model is loaded and uvicorn runs
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=5).status_code == 200:
@@ -123,6 +123,15 @@ def test_a_taken_port_is_one_line_and_no_serving_message(exported_model, tmp_pat
     assert proc.returncode != 0
     assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr and "serving" not in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_an_ipv6_address_is_printed_in_a_url_that_works(exported_model, tmp_path):
+    """`--host ::1` printed http://::1:PORT, which no browser or client reads as a URL."""
+    server = Server(exported_model, tmp_path / "serve.log", "--host", "::1")
+    try:
+        assert server.url.startswith("http://[::1]:")  # and /healthz answered there
+    finally:
+        server.stop()
 
 
 def test_no_docs_page_loads_assets_from_a_cdn(exported_model, tmp_path):

@@ -201,13 +201,18 @@ def serve(
     try:
         sock = listen(host, port)
     except OSError as exc:
-        raise DtrainError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+        raise DtrainError(f"cannot listen on {_in_url(host)}:{port}: {exc.strerror or exc}",
                           "choose another --port (or --host), or stop what listens there") from None
     bound = sock.getsockname()[1]
     # SIGTERM and Ctrl-C: uvicorn stops accepting, gives running requests a few seconds, then ends.
     server = uvicorn.Server(uvicorn.Config(create_app(predictor, limits), log_level="warning", timeout_graceful_shutdown=5))
-    typer.echo(f"serving {model_dir} on http://{host}:{bound} (backend {predictor.backend}; API at /openapi.json)", err=True)
+    typer.echo(f"serving {model_dir} on http://{_in_url(host)}:{bound} (backend {predictor.backend}; API at /openapi.json)", err=True)
     server.run(sockets=[sock])
+
+
+def _in_url(host: str) -> str:
+    """An IPv6 address in brackets, as a URL writes it: http://[::1]:8000."""
+    return f"[{host}]" if ":" in host else host
 
 
 def register(app: typer.Typer) -> None:
