@@ -140,6 +140,8 @@ def read_header(data: bytes) -> Header:
                           _bytes_per_sample(img, data), _orientation(img))
     except Image.DecompressionBombError as exc:
         raise ImageRefused(f"image refused before decoding: {exc}", too_large=True) from None
+    except MemoryError:  # this machine's trouble, not the file's
+        raise
     except Exception:  # noqa: BLE001 - untrusted bytes: any failure to read them is the file's
         # Pillow's readers raise whatever their parsing runs into on a damaged header, not
         # only OSError/ValueError: TypeError (a TIFF whose next page lies past the end),
@@ -282,6 +284,8 @@ def _decoded(data: bytes, header: Header, how: Callable[[bytes, Header], D]) -> 
         raise
     except Image.DecompressionBombError as exc:
         raise ImageRefused(f"image refused: {exc}", too_large=True) from None
+    except MemoryError:  # this machine's trouble, not the file's
+        raise
     except Exception:  # noqa: BLE001 - as in read_header: a damaged file fails however its reader fails
         # Truncated or damaged data surfaces only while decoding; the decoders' own
         # messages name C++ source lines, which help nobody here.
