@@ -425,3 +425,20 @@ def test_labelimg_classes_txt_beside_the_yolo_files_names_the_numbers(tmp_path):
     cfg = _config(tmp_path)
     listing = scan(cfg, cfg.train_split)
     assert cfg.layout == "boxclasses" and listing.classes == ["dent", "scratch"]
+
+
+def test_a_damaged_mask_file_is_a_read_error_its_photo_survives(tmp_path):
+    """Pillow raises KeyError (an IM file's unknown mode) or NotImplementedError (DDS pixel
+    flags) on some damaged files: read_mask let them through, past the dataset's read errors,
+    and one such mask ended training."""
+    from image_fixtures import damaged_files
+
+    from dtrain.data import mask_targets
+
+    for name, data in damaged_files().items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        try:
+            mask_targets.read_mask(path, (8, 8), (4, 4))
+        except (OSError, ValueError):
+            pass  # what the dataset catches: the photo trains without its mask

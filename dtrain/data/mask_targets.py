@@ -84,11 +84,16 @@ def read_mask(path: str | Path, size: Size, native: tuple[int, int] | None = Non
         shapes = boxes.read_shapes(path).seen_upright(orientation, native)
         return _at_size(boxes.rasterise(shapes, height, width).mul_(MARKED), size)
     floor = mark_floor(path)
-    with Image.open(path) as img:
-        if img.width * img.height > MAX_MASK_PIXELS:
-            raise ValueError(f"{img.width} x {img.height} pixels: larger than a mask is read")
-        # 16/32-bit grey is read as it is (Pillow's 8-bit conversion would clip it).
-        values = np.asarray(img if img.mode.startswith("I") else img.convert("L"))
+    try:
+        with Image.open(path) as img:
+            if img.width * img.height > MAX_MASK_PIXELS:
+                raise ValueError(f"{img.width} x {img.height} pixels: larger than a mask is read")
+            # 16/32-bit grey is read as it is (Pillow's 8-bit conversion would clip it).
+            values = np.asarray(img if img.mode.startswith("I") else img.convert("L"))
+    except (OSError, ValueError, MemoryError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - Pillow fails on a damaged file however its reader does
+        raise ValueError(f"not a readable mask ({type(exc).__name__}: {exc})") from None
     marked = torch.from_numpy(np.ascontiguousarray(values >= floor)).to(torch.uint8).mul_(MARKED)[None]
     if native is not None and drawn_as_stored((values.shape[1], values.shape[0]), orientation, native):
         marked = upright(marked, orientation)  # a mask made from the stored pixels (PIL's open does not turn)

@@ -221,7 +221,7 @@ def _levels(path: str, _mtime_ns: int, _size: int) -> int | None:
 
     try:
         with Image.open(path) as img:
-            if img.width * img.height > MAX_MASK_PIXELS or getattr(img, "n_frames", 1) > 1:
+            if img.width * img.height > MAX_MASK_PIXELS or getattr(img, "is_animated", False):  # not n_frames: it walks every page
                 return None
             if img.mode.startswith("I;16"):  # Pillow's getcolors refuses 16-bit grey
                 import numpy as np
@@ -241,7 +241,7 @@ def _black_or_white(path: str, _mtime_ns: int, _size: int) -> float | None:
 
     try:
         with Image.open(path) as img:
-            if img.width * img.height > MAX_MASK_PIXELS or getattr(img, "n_frames", 1) > 1:
+            if img.width * img.height > MAX_MASK_PIXELS or getattr(img, "is_animated", False):  # not n_frames: it walks every page
                 return None
             hist = img.convert("L").histogram()
     except Exception:  # noqa: BLE001 - any unreadable file is simply not a mask
