@@ -174,3 +174,44 @@ def test_the_decode_budget_lets_small_images_share_it_and_large_ones_take_turns(
         for t in threads:
             t.join(30)
     assert most["holders"] == 5 and most["bytes"] <= 100  # the 60s never overlapped
+
+
+def _answer(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (b"" for a bare close)."""
+    got = b""
+    while chunk := sock.recv(65536):
+        got += chunk
+    return got
+
+
+def test_slow_clients_are_cut_off_and_the_service_keeps_answering(exported_model, good_images, tmp_path):
+    """A client that connects and says nothing, or sends half a request head, or stalls in
+    its upload, held its connection (a socket, a descriptor, the upload's spooled parts) for
+    good; a thousand of them (`ulimit -n` 1024) left the service answering nobody."""
+    server = Server(exported_model, tmp_path / "serve.log", "--client-timeout-s", "1")
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    try:
+        silent = socket.create_connection((host, int(port)), timeout=30)
+        half_head = socket.create_connection((host, int(port)), timeout=30)
+        half_head.sendall(b"POST /inspect HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; bo")
+        stalled = socket.create_connection((host, int(port)), timeout=30)
+        stalled.sendall(b"POST /inspect HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+                        b"Content-Length: 100000\r\n\r\n--b\r\nContent-Disposition: form-data; name=\"files\"; "
+                        b"filename=\"a.png\"\r\n\r\n" + b"\x00" * 1000)
+        assert _answer(silent) == b""  # closed; a socket timeout (30 s) would raise here
+        assert _answer(half_head) == b""
+        stalled_answer = _answer(stalled)
+        assert stalled_answer.startswith(b"HTTP/1.1 408"), stalled_answer[:300]
+        assert b"the upload stalled: nothing received for 1 s" in stalled_answer
+        # A client that takes its time between requests on a kept-alive connection is no
+        # slow client: its next request is answered.
+        with httpx.Client(timeout=60) as client:
+            assert client.get(f"{server.url}/healthz").status_code == 200
+            time.sleep(0.5)
+            r = client.post(f"{server.url}/inspect", files=[("files", good_images[0])])
+            assert r.status_code == 200, r.text
+    finally:
+        for s in ("silent", "half_head", "stalled"):
+            if s in locals():
+                locals()[s].close()
+        server.stop()

@@ -176,6 +176,10 @@ def serve(
     decode_budget_mb: float = typer.Option(320.0, "--decode-budget-mb", min=0.001,
                                            help="Decoded pixels in flight, all requests together (large images take turns)."),
     request_timeout_s: float = typer.Option(60.0, "--request-timeout-s", min=0.001, help="A request gets a 504 after this."),
+    client_timeout_s: float = typer.Option(
+        10.0, "--client-timeout-s", min=0.001,
+        help="A connection whose request head takes longer is closed; an upload silent this long gets a 408.",
+    ),
     backend: str | None = typer.Option(None, "--backend", help="Override the model directory's preferred backend."),
 ) -> None:
     """Serve the model over HTTP: POST /inspect, /healthz, /metrics, /openapi.json."""
@@ -188,12 +192,14 @@ def serve(
     from dtrain.errors import DtrainError
     from dtrain.serve.app import ServeLimits, create_app
     from dtrain.serve.listen import listen
+    from dtrain.serve.slow_clients import head_deadline_protocol, raise_open_file_limit
     from dtrain.serve.predictor import Predictor
 
     limits = validate(ServeLimits, {
         "max_batch": max_batch, "max_wait_ms": max_wait_ms, "max_body_bytes": int(max_body_mb * 1024 * 1024),
         "max_pixels": int(max_megapixels * 1_000_000), "max_decode_bytes": int(max_decode_mb * 1_000_000),
         "decode_budget_bytes": int(decode_budget_mb * 1_000_000), "request_timeout_s": request_timeout_s,
+        "client_timeout_s": client_timeout_s,
     }, "the command line")
     predictor = Predictor(model_dir, backend)
     # Bound here, before uvicorn starts, so that "serving on" is only ever printed for a
@@ -205,7 +211,9 @@ def serve(
                           "choose another --port (or --host), or stop what listens there") from None
     bound = sock.getsockname()[1]
     # SIGTERM and Ctrl-C: uvicorn stops accepting, gives running requests a few seconds, then ends.
-    server = uvicorn.Server(uvicorn.Config(create_app(predictor, limits), log_level="warning", timeout_graceful_shutdown=5))
+    raise_open_file_limit()  # each client holds a descriptor: as many as the system allows, not a shell's 1024
+    server = uvicorn.Server(uvicorn.Config(create_app(predictor, limits), log_level="warning", timeout_graceful_shutdown=5,
+                                           http=head_deadline_protocol(limits.client_timeout_s)))
     typer.echo(f"serving {model_dir} on http://{_in_url(host)}:{bound} (backend {predictor.backend}; API at /openapi.json)", err=True)
     server.run(sockets=[sock])
 

@@ -57,6 +57,9 @@ class ServeLimits(StrictModel):
     # Decoded pixels in flight, all requests together: two of the largest images at once.
     decode_budget_bytes: int = Field(2 * DEFAULT_MAX_DECODE_BYTES, ge=1)
     request_timeout_s: float = Field(60.0, gt=0.0)
+    # The longest a client may take over its request head, or stay silent within its upload
+    # (slow_clients.py): a LAN client sends both in milliseconds.
+    client_timeout_s: float = Field(10.0, gt=0.0)
 
 
 class ImageVerdict(BaseModel):
@@ -78,11 +81,14 @@ class ErrorBody(BaseModel):
 
 class BodyLimit:
     """ASGI middleware: 413 for a body over `max_bytes`, by Content-Length up front or
-    by counting as it streams in (chunked uploads have no length)."""
+    by counting as it streams in (chunked uploads have no length); 408 for an upload that
+    sends nothing for `idle_s` (slow_clients.py: a stalled client held its socket, a file
+    descriptor and its spooled parts for good)."""
 
-    def __init__(self, app, max_bytes: int) -> None:
+    def __init__(self, app, max_bytes: int, idle_s: float | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.idle_s = idle_s
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -92,12 +98,22 @@ class BodyLimit:
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             return await JSONResponse({"detail": message}, status_code=413)(scope, receive, send)
         seen = 0
+        body_done = False
 
         async def counted():
-            nonlocal seen
-            msg = await receive()
+            nonlocal seen, body_done
+            if body_done or self.idle_s is None:  # after the body: a wait for the disconnect, not timed
+                msg = await receive()
+            else:
+                try:
+                    async with asyncio.timeout(self.idle_s):
+                        msg = await receive()
+                except TimeoutError:
+                    raise HTTPException(408, f"the upload stalled: nothing received for {self.idle_s:g} s "
+                                             f"after {seen} bytes") from None
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
+                body_done = not msg.get("more_body", False)
                 if seen > self.max_bytes:
                     # FastAPI re-raises HTTPExceptions from body parsing as they are.
                     raise HTTPException(413, message)
@@ -142,7 +158,7 @@ def create_app(predictor, limits: ServeLimits | None = None) -> FastAPI:
         docs_url=None,
         redoc_url=None,
     )
-    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes, idle_s=limits.client_timeout_s)
 
     @app.middleware("http")
     async def measure(request: Request, call_next):
