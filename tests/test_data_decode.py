@@ -250,3 +250,22 @@ def test_a_damaged_or_absent_exif_orientation_leaves_the_pixels_as_stored():
         data = encoded(Image.fromarray(pixels), "PNG", **({"exif": exif} if exif else {}))
         assert read_header(data).orientation == 1
         assert np.array_equal(decode(data).permute(1, 2, 0).numpy(), pixels)
+
+
+def test_a_training_file_too_large_for_any_image_is_refused_unread(tmp_path):
+    """Training read every file whole before its header was looked at: a 2 GiB TIFF stack in
+    a class folder cost 2 GB per DataLoader worker (and was then trained on as its first page)."""
+    import os
+
+    from PIL import Image
+
+    from dtrain.data.decode import ImageRefused
+    from dtrain.data.transforms import read_image, read_image_oriented
+
+    big = tmp_path / "stack.tif"
+    big.write_bytes(encoded(Image.new("RGB", (20, 24)), "TIFF"))  # a readable image, and zeros after it
+    os.truncate(big, 320_000_001)  # past twice the default decode limit; a sparse file: no disk used
+    for read in (read_image, read_image_oriented):
+        with pytest.raises(ImageRefused, match="not read") as err:
+            read(big)
+        assert err.value.too_large

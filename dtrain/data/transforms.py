@@ -20,7 +20,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 from dtrain.data.config import Size, as_hw
-from dtrain.data.decode import FULL_BITS, decode, decode_oriented
+from dtrain.data.decode import FULL_BITS, decode, decode_oriented, read_file
 
 # ImageNet statistics: a `pretrained: PATH` ResNet expects them, and for random init
 # any fixed affine map is as good as another. Stored in every checkpoint.
@@ -43,12 +43,12 @@ def decode_uint8(data: torch.Tensor, sample_bits: int = FULL_BITS) -> torch.Tens
 def read_image(path: str | Path, sample_bits: int = FULL_BITS) -> torch.Tensor:
     """One file -> uint8 [3, H, W]; raises OSError when the file cannot be read and
     ImageRefused (a ValueError) when it is not an image dtrain decodes."""
-    return decode(Path(path).read_bytes(), sample_bits=sample_bits)
+    return decode(read_file(path), sample_bits=sample_bits)  # a file too large for any image: refused unread
 
 
 def read_image_oriented(path: str | Path, sample_bits: int = FULL_BITS) -> tuple[torch.Tensor, int]:
     """`read_image`, and the EXIF orientation its decode applied (1: none)."""
-    return decode_oriented(Path(path).read_bytes(), sample_bits=sample_bits)
+    return decode_oriented(read_file(path), sample_bits=sample_bits)
 
 
 def resize_uint8(img: torch.Tensor, size: Size) -> torch.Tensor:
