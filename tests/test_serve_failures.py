@@ -32,6 +32,13 @@ class _Failing:
             self.release.wait(30)
         if failure == "die":
             raise asyncio.CancelledError  # not an Exception: it ends the batching task itself
+        if failure == "nan":  # a broken export or backend: NaN logits, through the real judging
+            import numpy as np
+
+            from dtrain.serve.predictor import judge
+
+            logits = np.full((len(images), len(self.card.classes)), np.nan)
+            return judge(logits, self.card.classes, self.card.negative_index, self._p.threshold)
         return self._p.predict(images)
 
 
@@ -127,3 +134,26 @@ def test_an_abandoned_request_gives_up_its_wait_for_the_decode_budget():
         assert outcome == ["gave up"]
     with budget.hold(100):  # and nothing of the budget was kept
         pass
+
+
+def test_an_image_the_network_scores_as_nan_is_never_passed_as_ok(client, exported_model, synth_data, tmp_path):
+    """P(defect) NaN failed "p >= threshold", so the part read "ok" (with a defect class
+    beside it) in dtrain inspect's CSV, and the service died on the JSON (a bare 500)."""
+    from dtrain.serve.inspect_batch import inspect_paths
+    from dtrain.serve.predictor import NOT_A_NUMBER, Predictor, judge
+
+    import numpy as np
+
+    logits = np.array([[np.nan, 1.0], [0.0, 5.0], [np.inf, 0.0], [-5.0, np.inf]])
+    got = judge(logits, ["ok", "scratch"], 0, 0.5)
+    assert [v.verdict for v in got] == ["", "defect", "", ""] and all(v.error == NOT_A_NUMBER for v in got if not v.verdict)
+
+    image = sorted((synth_data / "test" / "ok").glob("*.png"))[0]
+    client.predictor.failure = "nan"
+    r = _inspect(client, image.read_bytes())
+    assert r.status_code == 500 and "not a number" in r.json()["detail"], r.text
+
+    wrapped = type(client.predictor)(Predictor(exported_model))
+    wrapped.failure = "nan"
+    rows = list(inspect_paths(wrapped, [image], batch=1, workers=1))
+    assert rows[0].verdict == "" and rows[0].error == NOT_A_NUMBER, rows[0]

@@ -232,6 +232,8 @@ def inspect_paths(
                 v = by_index.get(i)
                 if v is None:
                     yield Row(str(path), error=prepared.errors[i])
+                elif v.error:
+                    yield Row(str(path), error=v.error)
                 else:
                     yield Row(str(path), v.verdict, v.cls, v.p_defect)
             if progress is not None:

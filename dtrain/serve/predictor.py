@@ -18,14 +18,21 @@ from dtrain.serve.backends import Runner, get_backend
 from dtrain.serve.model_dir import ModelCard, load_card
 
 
+# Why an image whose network output is not a number (NaN or infinite logits: a broken
+# export or backend) has no verdict: "p >= threshold" is false for NaN, so it read "ok".
+NOT_A_NUMBER = ("the network's output for this image is not a number (NaN or infinite): not judged; "
+                "the model or its backend is broken (export it again, or try another --backend)")
+
+
 @dataclass(frozen=True)
 class Verdict:
-    verdict: str  # "ok" or "defect"
+    verdict: str  # "ok" or "defect"; "" with an error
     cls: str
     p_defect: float
+    error: str = ""  # why there is no verdict (NOT_A_NUMBER)
 
     def as_dict(self) -> dict[str, object]:
-        return {"verdict": self.verdict, "class": self.cls, "p_defect": self.p_defect}
+        return {"verdict": self.verdict, "class": self.cls, "p_defect": self.p_defect, "error": self.error}
 
 
 def softmax64(logits: np.ndarray) -> np.ndarray:
@@ -43,7 +50,8 @@ def judge(logits: np.ndarray, classes: list[str], negative_index: int | None, th
     p_def = p_defect(probs, negative_index)
     pred = decide(probs, negative_index, threshold)
     return [
-        Verdict("defect" if p >= threshold else "ok", classes[c], float(p))
+        Verdict("defect" if p >= threshold else "ok", classes[c], float(p)) if np.isfinite(p)
+        else Verdict("", "", float("nan"), NOT_A_NUMBER)  # never "ok": a part nobody judged is not a good part
         for p, c in zip(p_def, pred, strict=True)
     ]
 
