@@ -232,3 +232,99 @@ def test_an_agent_of_another_job_is_not_taken_for_ours(agent, tmp_path):
     assert "belongs to job 'jobX'" in found[0].message
     store = MetricsDB.for_job(tmp_path / "jobY", readonly=True)
     assert store.node_series() == {}
+
+
+def _snapshot(port: int) -> dict:
+    import json
+
+    return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/snapshot", timeout=5).read())
+
+
+def test_bad_datagrams_neither_stop_the_agent_nor_break_its_metrics(agent):
+    """Any process on a node may send the agent a datagram. `"pid": -1` (psutil's ValueError)
+    or `"rank": 1e999` (OverflowError) ended its receiving thread for good; a loss sent as
+    text made every /metrics scrape fail (and `top` and the report after the collector)."""
+    import json
+
+    port, _ = agent
+    counters = {"steps_total": 1, "step_time_total": 0.1, "data_wait_total": 0.0, "samples_total": 8}
+    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    for msg in ({"job": "jobX", "rank": 0, "pid": -1, **counters},
+                {"job": "jobX", "rank": 1e999, "pid": os.getpid(), **counters},
+                {"job": "jobX", "rank": 1, "pid": os.getpid(), "loss": "diverged", "step": [1], **counters}):
+        sender.sendto(json.dumps(msg).encode(), ("127.0.0.1", port))
+    time.sleep(0.3)
+    sender.sendto(json.dumps({"job": "jobX", "rank": 2, "pid": os.getpid(), "loss": 0.5, **counters}).encode(),
+                  ("127.0.0.1", port))
+    deadline = time.monotonic() + 10
+    while "2" not in (ranks := _snapshot(port)["ranks"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    sender.close()
+    assert set(ranks) == {"0", "1", "2"}, ranks  # still receiving after the bad ones
+    assert ranks["1"]["loss"] is None and ranks["1"]["step"] is None and ranks["2"]["loss"] == 0.5
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert list(text_string_to_metric_families(text))
+
+
+def test_one_slow_or_odd_agent_costs_only_its_own_node(agent, tmp_path):
+    """An agent that sent its answer a byte at a time held the collector's poll for good (the
+    timeout is per read), and an answer of another shape ({"gpus": [{}]}) aborted the poll
+    before anything was stored: no node had a row, the healthy one included."""
+    import http.server
+    import json
+    import threading
+
+    port, _ = agent
+    good_snapshot = _snapshot(port)
+
+    class Odd(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            if self.server.server_port == slow.server_port:
+                self.send_response(200)
+                self.end_headers()
+                for ch in b'{"job": "jobX", "host": {}}' * 100:
+                    self.wfile.write(bytes([ch]))
+                    self.wfile.flush()
+                    time.sleep(0.3)
+                return
+            body = json.dumps({**good_snapshot, "host": {"gpus": [{"util": "high"}]}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    slow = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Odd)
+    odd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Odd)
+    slow.daemon_threads = odd.daemon_threads = True
+    for server in (slow, odd):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    coll = Collector(tmp_path / "jobX", {"good": agent_url("127.0.0.1", port),
+                                         "slow": agent_url("127.0.0.1", slow.server_port),
+                                         "odd": agent_url("127.0.0.1", odd.server_port)},
+                     interval_s=0.5, start_grace_s=0.0).start()
+    time.sleep(4)
+    coll.stop()
+    slow.shutdown()
+    odd.shutdown()
+    store = MetricsDB.for_job(tmp_path / "jobX", readonly=True)
+    series = store.node_series()
+    assert set(series) == {"good"} and len(series["good"]["t"]) >= 3, series.keys()
+    states = {n["node"]: n["state"] for n in store.nodes()}
+    assert states["good"] == "reporting" and states["slow"] == states["odd"] == "not_reporting", states
+
+
+@pytest.mark.parametrize("env", [{"DTRAIN_AGENT_ADDR": "127.0.0.1:70000"}, {"RANK": "", "LOCAL_RANK": "x"}])
+def test_report_step_never_takes_a_training_step_down(env, tmp_path):
+    """Metrics are best effort: an agent address with a port out of range raised
+    OverflowError from sendto at every step (and at exit), and RANK="" or LOCAL_RANK="x"
+    (a user's own launcher) raised ValueError from the first call."""
+    code = ("from dtrain.monitor.rank.client import report_step\n"
+            "for i in range(3):\n"
+            "    report_step(step=i, loss=1.0, step_time_s=0.01, samples=1)\n"
+            "print('trained')\n")
+    full = {**os.environ, "DTRAIN_HEARTBEAT_DIR": str(tmp_path / "hb"), **env}
+    out = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.returncode == 0 and out.stdout.strip() == "trained" and not out.stderr, out.stderr[-800:]

@@ -26,15 +26,19 @@ import json
 import threading
 import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
 from dtrain.monitor.head import findings as rules
 from dtrain.monitor.head.metrics_db import MetricsDB
+# Figures that are not numbers are stored as NULL: a string broke every view that formats it.
+from dtrain.monitor.node.ranks import number
 from dtrain.paths import open_private
 
 LOG_NAME = "monitor.log"
+# The largest snapshot an agent is believed (a node with many GPUs and ranks sends ~100 kB).
+MAX_SNAPSHOT_BYTES = 16 * 1024 * 1024
 
 
 class _NodeState:
@@ -44,6 +48,7 @@ class _NodeState:
         self.reporting: bool | None = None  # None until the first answer or verdict
         self.prev: dict[str, Any] | None = None  # last snapshot, for counter deltas
         self.held: rules.Finding | None = None  # a loss not announced yet (quiet_grace_s)
+        self.fetch: Future | None = None  # the poll of its agent in flight
 
 
 class Collector:
@@ -117,25 +122,34 @@ class Collector:
     # -- one poll ------------------------------------------------------------------
     def poll_once(self) -> None:
         timeout = max(0.2, self.interval_s * 0.9)
-        futures = {name: self._pool.submit(_fetch, st.url + "/snapshot", timeout) for name, st in self.nodes.items()}
+        for st in self.nodes.values():
+            # A node still answering the last poll (a stuck or trickling agent) gets no second one:
+            # its threads would pile up in the pool, which every node shares.
+            if st.fetch is None or st.fetch.done():
+                st.fetch = self._pool.submit(_fetch, st.url + "/snapshot", timeout)
         t = self.clock()
+        deadline = time.monotonic() + timeout + 0.5
         node_rows, gpu_rows, rank_rows = [], [], []
-        for name, fut in futures.items():
-            st = self.nodes[name]
+        for name, st in self.nodes.items():
             try:
-                snap = fut.result()
-                if snap.get("job") != self.job_id:
-                    raise _OtherJob(f"the agent there belongs to job {snap.get('job')!r}")
-            except Exception as exc:  # refused, timeout, bad JSON, wrong job: all mean "no answer"
+                # One slow node is a miss for that node: the poll goes on for the others.
+                snap = st.fetch.result(timeout=max(0.0, deadline - time.monotonic()))
+                if not isinstance(snap, dict) or snap.get("job") != self.job_id:
+                    raise _OtherJob(f"the agent there belongs to job {snap.get('job')!r}" if isinstance(snap, dict)
+                                    else "the answer is not an agent's snapshot")
+                # Read whole before it counts: a snapshot of another shape is this node's miss,
+                # not a poll lost for every node.
+                host = snap.get("host") or {}
+                node = (name, _node_row(host), json.dumps(_detail(host)))
+                gpus = [(name, int(g["gpu"]), {k: number(v) for k, v in g.items()}) for g in host.get("gpus") or []]
+                ranks = [(name, rank, row) for rank, row in _rank_rows(snap, st.prev)]
+            except Exception as exc:  # refused, timeout, bad JSON or shape, wrong job: all mean "no answer"
                 self._missed(name, st, t, exc)
                 continue
             self._answered(name, st, t)
-            host = snap.get("host") or {}
-            node_rows.append((name, _node_row(host), json.dumps(_detail(host))))
-            for g in host.get("gpus") or []:
-                gpu_rows.append((name, int(g["gpu"]), g))
-            for rank, row in _rank_rows(snap, st.prev):
-                rank_rows.append((name, rank, row))
+            node_rows.append(node)
+            gpu_rows += gpus
+            rank_rows += ranks
             st.prev = snap
         self.store.write_poll(t, node_rows, gpu_rows, rank_rows)
         for st in self.nodes.values():  # losses the job outlived: news now
@@ -211,8 +225,18 @@ class _OtherJob(ValueError):
 
 
 def _fetch(url: str, timeout: float) -> dict[str, Any]:
+    """The agent's snapshot; TimeoutError past `timeout` in all (urllib's is per read: an agent
+    sending a byte at a time held the poll for good), ValueError past MAX_SNAPSHOT_BYTES."""
+    deadline = time.monotonic() + timeout
     with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return json.loads(resp.read())
+        body = bytearray()
+        while chunk := resp.read1(65536):
+            body += chunk
+            if len(body) > MAX_SNAPSHOT_BYTES:
+                raise ValueError(f"the snapshot is over {MAX_SNAPSHOT_BYTES} bytes")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the snapshot took over {timeout:.1f} s to arrive")
+        return json.loads(body)
 
 
 def _reason(exc: Exception) -> str:
@@ -222,6 +246,10 @@ def _reason(exc: Exception) -> str:
 def _node_row(host: dict[str, Any]) -> dict[str, Any]:
     disk = host.get("disk") or {}
     job = host.get("job") or {}
+    return {k: number(v) for k, v in _node_values(host, disk, job).items()}
+
+
+def _node_values(host: dict[str, Any], disk: dict[str, Any], job: dict[str, Any]) -> dict[str, Any]:
     return {
         "cpu": host.get("cpu"),
         "mem_used": host.get("mem_used"),
@@ -260,7 +288,8 @@ def _rank_rows(snap: dict[str, Any], prev: dict[str, Any] | None):
         if steps < 0:
             continue
         row = {
-            "step": r.get("step"), "epoch": r.get("epoch"), "loss": r.get("loss"), "lr": r.get("lr"),
+            "step": number(r.get("step")), "epoch": number(r.get("epoch")), "loss": number(r.get("loss")),
+            "lr": number(r.get("lr")),
             "steps": steps,
             "step_time": (r["step_time_total"] - p["step_time_total"]) / steps if steps else None,
             "data_wait": (r["data_wait_total"] - p["data_wait_total"]) / steps if steps else None,

@@ -10,6 +10,7 @@ Prometheus, a curl by hand) can each take their own deltas.
 from __future__ import annotations
 
 import json
+import math
 import threading
 from typing import Any
 
@@ -33,7 +34,9 @@ class RankTable:
             msg = json.loads(datagram[:_MAX_DATAGRAM])
             rank = int(msg["rank"])
             sent = {c: float(msg[c]) for c in COUNTERS}
-        except (ValueError, KeyError, TypeError):
+            if not all(math.isfinite(v) for v in sent.values()):
+                raise ValueError("a counter that is not a number")
+        except (ValueError, KeyError, TypeError, OverflowError):  # OverflowError: "rank": 1e999
             self.bad_datagrams += 1
             return None
         if self.job and msg.get("job") and msg["job"] != self.job:
@@ -52,16 +55,18 @@ class RankTable:
             row = {c: base[c] + sent[c] for c in COUNTERS}
             row["steps_total"] = int(row["steps_total"])
             row["samples_total"] = int(row["samples_total"])
+            # Figures as sent if they are numbers: a string ("loss": "diverged") made every
+            # /metrics scrape fail, and `top` and the report with it.
             row.update(
                 rank=rank,
-                step=msg.get("step"),
-                epoch=msg.get("epoch"),
-                loss=msg.get("loss"),
-                lr=msg.get("lr"),
-                last_step_time=msg.get("last_step_time"),
-                last_t=msg.get("t"),
-                pid=msg.get("pid"),
-                local_rank=msg.get("local_rank"),
+                step=number(msg.get("step")),
+                epoch=number(msg.get("epoch")),
+                loss=number(msg.get("loss")),
+                lr=number(msg.get("lr")),
+                last_step_time=number(msg.get("last_step_time")),
+                last_t=number(msg.get("t")),
+                pid=number(msg.get("pid")),
+                local_rank=number(msg.get("local_rank")),
             )
             self._ranks[rank] = row
         return msg
@@ -69,3 +74,8 @@ class RankTable:
     def snapshot(self) -> dict[str, dict[str, Any]]:
         with self._lock:
             return {str(rank): dict(row) for rank, row in sorted(self._ranks.items())}
+
+
+def number(value: Any) -> Any:
+    """A figure as sent if it is a number, else None (a string, a list, a bool)."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None

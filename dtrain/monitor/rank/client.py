@@ -35,8 +35,8 @@ class _Reporter:
     """Per-process state; built lazily on the first call so imports stay free."""
 
     def __init__(self, environ: dict[str, str] | os._Environ = os.environ) -> None:
-        self.rank = int(environ.get("RANK", "0") or 0)
-        self.local_rank = int(environ.get("LOCAL_RANK", str(self.rank)) or 0)
+        self.rank = _int(environ.get("RANK"), 0)
+        self.local_rank = _int(environ.get("LOCAL_RANK"), self.rank)
         self.job = environ.get("DTRAIN_JOB_ID", "")
         self.pid = os.getpid()
         self.sock: socket.socket | None = None
@@ -46,6 +46,8 @@ class _Reporter:
             host, _, port = addr.rpartition(":")
             try:
                 family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+                if not 0 < int(port) < 65536:  # sendto would raise OverflowError at every step
+                    raise ValueError(f"port {port} out of range")
                 self.dest = (host.strip("[]") or "127.0.0.1", int(port))
                 self.sock = socket.socket(family, socket.SOCK_DGRAM)
                 self.sock.setblocking(False)
@@ -86,9 +88,9 @@ class _Reporter:
         }  # fmt: skip
         try:
             self.sock.sendto(json.dumps(payload, separators=(",", ":")).encode(), self.dest)
-        except OSError:
+        except (OSError, ValueError, OverflowError):
             # BlockingIOError (buffer full), ConnectionRefused (agent gone): the next
-            # datagram carries the same counters.
+            # datagram carries the same counters. ValueError: a last value json cannot write.
             pass
 
     def beat(self, now: float) -> None:
@@ -156,3 +158,12 @@ def report_step(
         # `loss` may be a tensor: it is converted (a device sync) only when sent
         rep.add(now, step_time_s, data_wait_s, samples,
                 {"step": int(step), "epoch": int(epoch), "loss": loss, "lr": None if lr is None else float(lr)})
+
+
+def _int(text: str | None, default: int) -> int:
+    """An environment number, or `default` for one that is absent or not a number (a user's
+    own launcher may set RANK=""): metrics must not take a training step down."""
+    try:
+        return int(text) if text not in (None, "") else default
+    except ValueError:
+        return default
