@@ -79,6 +79,23 @@ def finished_job(tmp_path_factory):
     return JobInfo(id=job_dir.name, dir=job_dir, name="demo", state="succeeded")
 
 
+@pytest.fixture
+def dashboard(dtrain_home):
+    """A real dashboard server on a free loopback port, in a thread; yields (server, base URL)."""
+    import threading
+
+    from dtrain.monitor.views.dashboard.server import make_server
+
+    server = make_server("127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
+    thread.start()
+    try:
+        yield server, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_top_renders_every_node_and_the_findings_in_80_columns(stored_job):
     from dtrain.monitor.views.top import render_text
 
@@ -213,11 +230,11 @@ def test_top_cli_once(stored_job, dtrain_cmd):
 
 
 @pytest.mark.slow  # a dashboard server and headless chromium: ~12 s on the loaded 2-core machine
-def test_dashboard_of_a_finished_job_in_headless_chromium(finished_job, stored_job, dtrain_home, tmp_path):
+def test_dashboard_of_a_finished_job_in_headless_chromium(finished_job, stored_job, dtrain_home, dashboard,
+                                                          tmp_path):  # fmt: skip
     import re
     import shutil
     import subprocess
-    import threading
     import urllib.request
 
     chromium = shutil.which("chromium") or "/usr/bin/chromium"
@@ -230,39 +247,30 @@ def test_dashboard_of_a_finished_job_in_headless_chromium(finished_job, stored_j
     logs = dtrain_home / "jobs" / finished_job.id / "logs"
     logs.mkdir()
     (logs / "a.log").write_text("[a:r0] epoch 0 step 10 loss 1.93\n")
+    base = dashboard[1]
+    jobs = json.loads(urllib.request.urlopen(base + "/api/jobs", timeout=10).read())
+    assert {j["id"] for j in jobs} == {stored_job.id, finished_job.id}
+    js = urllib.request.urlopen(base + "/static/plotly.min.js", timeout=10).read()
+    assert len(js) > 1_000_000 and b"plotly" in js[:2000].lower()
+    assert urllib.request.urlopen(base + "/api/jobs/" + finished_job.id + "/logs", timeout=10).status == 200
+    # live updates: the page asks only for samples newer than the last it has
+    newer = json.loads(urllib.request.urlopen(f"{base}/api/jobs/{finished_job.id}/series?since={T0 + N - 3}",
+                                              timeout=10).read())
+    assert newer["nodes"]["a"]["t"] == [T0 + N - 2, T0 + N - 1] and "b" not in newer["nodes"]
+    assert newer["last"] == T0 + N - 1
+    # a node killed mid-job is still reported
+    lost = json.loads(urllib.request.urlopen(f"{base}/api/jobs/{stored_job.id}/series", timeout=10).read())
+    assert {n["node"]: n["state"] for n in lost["states"]} == {"a": "finished", "b": "not_reporting"}
+    assert [f["node"] for f in lost["findings"] if f["kind"] == "not_reporting"] == ["b"]
 
-    from dtrain.monitor.views.dashboard.server import make_server
-
-    server = make_server("127.0.0.1", 0)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
-    base = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
-        jobs = json.loads(urllib.request.urlopen(base + "/api/jobs", timeout=10).read())
-        assert {j["id"] for j in jobs} == {stored_job.id, finished_job.id}
-        js = urllib.request.urlopen(base + "/static/plotly.min.js", timeout=10).read()
-        assert len(js) > 1_000_000 and b"plotly" in js[:2000].lower()
-        assert urllib.request.urlopen(base + "/api/jobs/" + finished_job.id + "/logs", timeout=10).status == 200
-        # live updates: the page asks only for samples newer than the last it has
-        newer = json.loads(urllib.request.urlopen(f"{base}/api/jobs/{finished_job.id}/series?since={T0 + N - 3}",
-                                                  timeout=10).read())
-        assert newer["nodes"]["a"]["t"] == [T0 + N - 2, T0 + N - 1] and "b" not in newer["nodes"]
-        assert newer["last"] == T0 + N - 1
-        # a node killed mid-job is still reported
-        lost = json.loads(urllib.request.urlopen(f"{base}/api/jobs/{stored_job.id}/series", timeout=10).read())
-        assert {n["node"]: n["state"] for n in lost["states"]} == {"a": "finished", "b": "not_reporting"}
-        assert [f["node"] for f in lost["findings"] if f["kind"] == "not_reporting"] == ["b"]
-
-        shot = tmp_path / "dashboard.png"
-        res = subprocess.run(
-            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'chromium'}", "--window-size=1400,2000", "--virtual-time-budget=5000",
-             f"--screenshot={shot}", "--dump-dom", f"{base}/#job={finished_job.id}"],
-            capture_output=True, text=True, timeout=180,
-        )  # fmt: skip
-    finally:
-        server.shutdown()
-        server.server_close()
+    shot = tmp_path / "dashboard.png"
+    res = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp_path / 'chromium'}", "--window-size=1400,2000", "--virtual-time-budget=5000",
+         f"--screenshot={shot}", "--dump-dom", f"{base}/#job={finished_job.id}"],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
     dom = res.stdout
     charts = dict(re.findall(r'<div id="chart-(\w+)" class="chart js-plotly-plot" data-points="(\d+)"', dom))
@@ -323,3 +331,21 @@ def test_dashboard_command_serves_on_loopback(stored_job, dtrain_home, dtrain_cm
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_dashboard_drops_a_connection_whose_request_head_does_not_come(dashboard):
+    """http.server waits forever for a request head, a thread per connection: 300 half-sent
+    requests held 300 threads and 800 left the dashboard answering nobody."""
+    import socket
+    import urllib.request
+
+    server, base = dashboard
+    server.client_timeout_s = 1.0  # the default (10 s) would only make the test slow
+    stalled = socket.create_connection(server.server_address[:2])
+    try:
+        stalled.sendall(b"GET /api/jo")  # half a request head, then silence
+        stalled.settimeout(30)  # far beyond the server's limit: a hang fails the test
+        assert stalled.recv(1024) == b""  # closed by the server, nothing answered
+    finally:
+        stalled.close()
+    assert json.loads(urllib.request.urlopen(base + "/api/jobs", timeout=10).read()) == []

@@ -31,6 +31,10 @@ TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf
          ".html": "text/html; charset=utf-8"}  # fmt: skip
 MAX_LOG_LINES = 500
 MAX_POINTS = 2000  # per series and request: a day of 1 Hz samples is thinned for the first load
+# Seconds a connection may stay silent (request head, or idle between requests) before it
+# is closed: http.server waits forever by default, and each open connection holds a thread
+# (300 half-sent requests held 300 threads and 3.5 GB of address space; 800 hung the server).
+CLIENT_TIMEOUT_S = 10.0
 
 
 def plotly_js() -> Path:
@@ -103,6 +107,12 @@ def _static(name: str) -> Path | None:
 
 
 class _Handler(BaseHTTPRequestHandler):
+    def setup(self) -> None:
+        # StreamRequestHandler.setup applies `timeout` to the socket; on expiry
+        # handle_one_request closes the connection and the thread ends.
+        self.timeout = self.server.client_timeout_s
+        super().setup()
+
     def do_GET(self) -> None:  # noqa: N802
         url = urllib.parse.urlsplit(self.path)
         query = urllib.parse.parse_qs(url.query)
@@ -150,6 +160,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 class DashboardServer(ThreadingHTTPServer):
     daemon_threads = True
+    client_timeout_s = CLIENT_TIMEOUT_S
 
 
 class _DashboardServer6(DashboardServer):
