@@ -229,6 +229,27 @@ def test_top_cli_once(stored_job, dtrain_cmd):
     assert "rank 3 on b is a straggler" in res.stdout and "r3 0.25s" in res.stdout
 
 
+def test_views_of_a_job_directory_whose_path_is_no_plain_uri(stored_job, tmp_path, dtrain_cmd):
+    """The store is opened read-only through a SQLite URI: pasted in unescaped, `#` cut the
+    path short (and SQLite created an empty file there) and `?` or `%3F` broke it."""
+    import shutil
+    import subprocess
+
+    copies = tmp_path / "copies"
+    copies.mkdir()
+    job_dir = copies / "run #1?x%3F é"
+    shutil.copytree(stored_job.dir, job_dir)
+    top = subprocess.run([*dtrain_cmd, "top", str(job_dir), "--once"], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "COLUMNS": "80"})  # fmt: skip
+    assert top.returncode == 0, top.stderr[-800:]
+    assert "rank 3 on b is a straggler" in top.stdout
+    report = subprocess.run([*dtrain_cmd, "report", str(job_dir), "--out", str(tmp_path / "rep")],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert report.returncode == 0, report.stderr[-800:]
+    assert "2 nodes, 4 ranks" in report.stdout
+    assert [p.name for p in copies.iterdir()] == [job_dir.name]  # no stray file beside it
+
+
 @pytest.mark.slow  # a dashboard server and headless chromium: ~12 s on the loaded 2-core machine
 def test_dashboard_of_a_finished_job_in_headless_chromium(finished_job, stored_job, dtrain_home, dashboard,
                                                           tmp_path):  # fmt: skip

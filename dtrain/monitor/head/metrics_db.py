@@ -49,7 +49,7 @@ class MetricsDB:
     def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
         self.path = Path(path)
         if readonly:
-            self.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10, check_same_thread=False)
+            self.db = sqlite3.connect(_readonly_uri(self.path), uri=True, timeout=10, check_same_thread=False)
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             open_private(self.path, "ab").close()  # 0600; SQLite gives -wal/-shm the same mode
@@ -151,6 +151,13 @@ class MetricsDB:
         return _columns(
             self.db.execute("SELECT * FROM rank_samples WHERE t > ? ORDER BY t", (since,)), ("node", "rank")
         )
+
+
+def _readonly_uri(path: Path) -> str:
+    """A read-only SQLite URI for `path`, percent-encoded: pasted in as it is, a `#` in
+    a copied job's folder name ended the path (and SQLite created an empty file at the
+    cut-off path), and a `?` or `%3F` was read as the start of the query or an escape."""
+    return path.resolve().as_uri() + "?mode=ro"
 
 
 def _finite(value: Any) -> Any:
