@@ -370,3 +370,47 @@ def test_dashboard_drops_a_connection_whose_request_head_does_not_come(dashboard
     finally:
         stalled.close()
     assert json.loads(urllib.request.urlopen(base + "/api/jobs", timeout=10).read()) == []
+
+
+def test_a_store_without_its_schema_reads_as_one_without_samples(tmp_path, dtrain_cmd):
+    """The collector creates metrics.sqlite empty and writes its schema a moment later (never
+    on a full disk): top and report died on "no such table: meta" in between."""
+    import subprocess
+
+    job_dir = tmp_path / "20261202-150000-0000"
+    job_dir.mkdir()
+    (job_dir / "metrics.sqlite").touch()
+    for argv in (["top", str(job_dir), "--once"], ["report", str(job_dir), "--out", str(tmp_path / "rep")]):
+        res = subprocess.run([*dtrain_cmd, *argv], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-800:]
+    assert "0 nodes, 0 ranks" in res.stdout
+    # a reader opened in that moment (`dtrain top` keeps its store) sees the samples once they come
+    reader = MetricsDB.for_job(job_dir, readonly=True)
+    assert reader.meta() == {} and reader.nodes() == [] and reader.time_range() is None
+    assert reader.node_series() == {} and reader.rank_series() == {}
+    writer = MetricsDB.for_job(job_dir)
+    writer.upsert_node("a", "http://a:9464", T0, "pending")
+    writer.write_poll(T0 + 1, [("a", {"cpu": 0.5}, "{}")], [], [("a", 0, {"step": 1})])
+    writer.close()
+    assert [n["node"] for n in reader.nodes()] == ["a"] and reader.time_range() == (T0 + 1, T0 + 1)
+    assert reader.rank_series()[("a", 0)]["step"] == [1]
+    reader.close()
+
+
+def test_dashboard_answers_for_a_store_without_schema_and_a_damaged_one(dashboard, dtrain_home):
+    """A job whose metrics.sqlite is still empty shows no samples; one that is no database
+    at all gets a 500 naming the error, where the connection used to be dropped unanswered."""
+    import urllib.error
+    import urllib.request
+
+    base = dashboard[1]
+    for job, content in (("20261202-160000-e0e0", b""), ("20261202-170000-bad0", b"not sqlite" * 500)):
+        (dtrain_home / "jobs" / job).mkdir(parents=True)
+        (dtrain_home / "jobs" / job / "metrics.sqlite").write_bytes(content)
+    empty = json.loads(urllib.request.urlopen(f"{base}/api/jobs/20261202-160000-e0e0/series", timeout=10).read())
+    assert empty["nodes"] == {} and empty["ranks"] == {} and empty["findings"] == [] and empty["first"] is None
+    with pytest.raises(urllib.error.HTTPError) as failed:
+        urllib.request.urlopen(f"{base}/api/jobs/20261202-170000-bad0/series", timeout=10)
+    assert failed.value.code == 500
+    assert json.loads(failed.value.read()) == {"error": "DatabaseError: file is not a database"}
+    assert urllib.request.urlopen(f"{base}/api/jobs", timeout=10).status == 200  # still serving

@@ -58,6 +58,7 @@ class MetricsDB:
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(_SCHEMA)
         self.db.row_factory = sqlite3.Row
+        self._tables: set[str] = set()  # tables seen to exist (none is ever dropped)
 
     @classmethod
     def for_job(cls, job_dir: str | Path, *, readonly: bool = False) -> "MetricsDB":
@@ -125,33 +126,45 @@ class MetricsDB:
         return cur.rowcount == 1
 
     # -- reading (top, dashboard, report, findings) -------------------------------
+    # A store without its schema reads as one without samples: the collector creates the
+    # file empty and writes the schema a moment later (never, on a full disk), and `top`
+    # opened in that moment keeps reading until the tables appear.
+    def _rows(self, table: str, sql: str, params: tuple = ()) -> list[sqlite3.Row]:
+        """The rows of `sql` (a query of `table`); none while `table` does not exist."""
+        if table not in self._tables:
+            exists = self.db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,))
+            if exists.fetchone() is None:
+                return []
+            self._tables.add(table)
+        return self.db.execute(sql, params).fetchall()
+
     def meta(self) -> dict[str, Any]:
-        return {r["key"]: json.loads(r["value"]) for r in self.db.execute("SELECT key, value FROM meta")}
+        return {r["key"]: json.loads(r["value"]) for r in self._rows("meta", "SELECT key, value FROM meta")}
 
     def nodes(self) -> list[dict[str, Any]]:
-        return [dict(r) for r in self.db.execute("SELECT * FROM nodes ORDER BY node")]
+        return [dict(r) for r in self._rows("nodes", "SELECT * FROM nodes ORDER BY node")]
 
     def events(self) -> list[dict[str, Any]]:
-        return [dict(r) for r in self.db.execute("SELECT * FROM events ORDER BY t")]
+        return [dict(r) for r in self._rows("events", "SELECT * FROM events ORDER BY t")]
 
     def findings(self) -> list[dict[str, Any]]:
-        return [dict(r) for r in self.db.execute("SELECT * FROM findings ORDER BY t")]
+        return [dict(r) for r in self._rows("findings", "SELECT * FROM findings ORDER BY t")]
 
     def time_range(self) -> tuple[float, float] | None:
-        row = self.db.execute("SELECT MIN(t), MAX(t) FROM node_samples").fetchone()
-        return None if row[0] is None else (row[0], row[1])
+        rows = self._rows("node_samples", "SELECT MIN(t), MAX(t) FROM node_samples")
+        return None if not rows or rows[0][0] is None else (rows[0][0], rows[0][1])
 
     def node_series(self, since: float = 0.0) -> dict[str, dict[str, list]]:
-        return _columns(self.db.execute("SELECT * FROM node_samples WHERE t > ? ORDER BY t", (since,)), ("node",))
+        return _columns(self._rows("node_samples", "SELECT * FROM node_samples WHERE t > ? ORDER BY t", (since,)),
+                        ("node",))  # fmt: skip
 
     def gpu_series(self, since: float = 0.0) -> dict[tuple, dict[str, list]]:
-        return _columns(self.db.execute("SELECT * FROM gpu_samples WHERE t > ? ORDER BY t", (since,)), ("node", "gpu"))
+        return _columns(self._rows("gpu_samples", "SELECT * FROM gpu_samples WHERE t > ? ORDER BY t", (since,)),
+                        ("node", "gpu"))  # fmt: skip
 
     def rank_series(self, since: float = 0.0) -> dict[tuple, dict[str, list]]:
-        return _columns(
-            self.db.execute("SELECT * FROM rank_samples WHERE t > ? ORDER BY t", (since,)), ("node", "rank")
-        )
-
+        return _columns(self._rows("rank_samples", "SELECT * FROM rank_samples WHERE t > ? ORDER BY t", (since,)),
+                        ("node", "rank"))  # fmt: skip
 
 def _readonly_uri(path: Path) -> str:
     """A read-only SQLite URI for `path`, percent-encoded: pasted in as it is, a `#` in

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import math
 import socket
+import sys
 import urllib.parse
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -114,6 +115,7 @@ class _Handler(BaseHTTPRequestHandler):
         super().setup()
 
     def do_GET(self) -> None:  # noqa: N802
+        self._answering = False
         url = urllib.parse.urlsplit(self.path)
         query = urllib.parse.parse_qs(url.query)
         parts = [urllib.parse.unquote(p) for p in url.path.strip("/").split("/") if p]
@@ -135,6 +137,18 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, json.dumps({"error": str(exc)}).encode(), "application/json")
         except ValueError as exc:
             self._send(400, json.dumps({"error": str(exc)}).encode(), "application/json")
+        except Exception as exc:  # noqa: BLE001 - a bug or a damaged store: say so, keep serving
+            self._fail(exc)
+
+    def _fail(self, exc: Exception) -> None:
+        """A 500 naming an unexpected error: unanswered, the client saw the connection
+        closed with no reason (an empty reply) and the server's log held a traceback."""
+        self.close_connection = True
+        if self._answering:  # the answer had begun (the client went away or stopped reading)
+            return
+        message = f"{type(exc).__name__}: {exc}"
+        sys.stderr.write(f"dtrain dashboard: GET {self.path} failed: {message}\n")
+        self._send(500, json.dumps({"error": message}).encode(), "application/json")
 
     def _file(self, path: Path | None) -> None:
         if path is None or not path.is_file():
@@ -147,6 +161,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(200, json.dumps(obj).encode(), "application/json")
 
     def _send(self, code: int, body: bytes, ctype: str, cache: bool = False) -> None:
+        self._answering = True
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
