@@ -414,3 +414,29 @@ def test_dashboard_answers_for_a_store_without_schema_and_a_damaged_one(dashboar
     assert failed.value.code == 500
     assert json.loads(failed.value.read()) == {"error": "DatabaseError: file is not a database"}
     assert urllib.request.urlopen(f"{base}/api/jobs", timeout=10).status == 200  # still serving
+
+
+def test_dashboard_log_tails_are_read_from_the_end_and_bounded(stored_job, dashboard, dtrain_home):
+    """Log tails used to be read whole: `lines=50` of a 60 MB log without newlines sent 60 MB,
+    and the page asks for 200 lines of every log each 2 s."""
+    import shutil
+    import urllib.request
+
+    job_dir = dtrain_home / "jobs" / stored_job.id
+    shutil.copytree(stored_job.dir, job_dir)
+    (job_dir / "logs").mkdir()
+    before = "".join(f"old {i}\n" for i in range(2000))
+    after = "".join(f"new {i}\n" for i in range(100)) + "w" * 10_000 + "\n" + "".join(f"end {i}\r\n" for i in range(20))
+    (job_dir / "logs" / "a.log").write_text(before + "x" * 5_000_000 + "\n" + after)
+    (job_dir / "logs" / "b.log").write_text(before + "y" * 5_000_000)  # still being written, no newline
+    body = urllib.request.urlopen(f"{dashboard[1]}/api/jobs/{stored_job.id}/logs?lines=50", timeout=30).read()
+    assert len(body) < 20_000  # two short tails, not the 5 MB lines
+    from dtrain.monitor.views.dashboard.server import LINE_CUT, MAX_LOG_LINE, START_CUT
+
+    tails = json.loads(body)
+    # a: the last 50 lines, the 10,000-character one cut; the 5 MB line further back is not read
+    assert tails["a"][:29] == [f"new {i}" for i in range(71, 100)]
+    assert tails["a"][29] == "w" * MAX_LOG_LINE + LINE_CUT
+    assert tails["a"][30:] == [f"end {i}" for i in range(20)]
+    # b: only the end of its last line, whose start lies too far back, marked at both ends
+    assert tails["b"] == [START_CUT + "y" * MAX_LOG_LINE + LINE_CUT]

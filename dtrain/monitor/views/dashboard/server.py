@@ -13,13 +13,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
+import re
 import socket
 import sys
 import urllib.parse
-from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from dtrain.cluster.providers.cost import job_cost
 from dtrain.errors import DtrainError
@@ -31,6 +32,15 @@ STATIC = Path(__file__).parent / "static"
 TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
          ".html": "text/html; charset=utf-8"}  # fmt: skip
 MAX_LOG_LINES = 500
+# A log tail is read from the file's end, at most MAX_LOG_BYTES of it, and each line is
+# shown up to MAX_LOG_LINE characters: the page polls 200 lines of every log each 2 s, and
+# reading whole files sent a 60 MB log without newlines back whole for `lines=50`.
+MAX_LOG_BYTES = 1 << 20
+MAX_LOG_LINE = 4096
+LINE_CUT = " [… line cut]"  # after a line's first MAX_LOG_LINE characters
+START_CUT = "[line cut …] "  # before a line whose start lies beyond MAX_LOG_BYTES
+_BLOCK = 64 * 1024
+_NEWLINE = re.compile(rb"\r\n|\r|\n")  # universal newlines, as text mode splits them (progress bars use \r)
 MAX_POINTS = 2000  # per series and request: a day of 1 Hz samples is thinned for the first load
 # Seconds a connection may stay silent (request head, or idle between requests) before it
 # is closed: http.server waits forever by default, and each open connection holds a thread
@@ -93,12 +103,41 @@ def series(job_id: str, since: float) -> dict[str, Any]:
 def logs(job_id: str, lines: int) -> dict[str, list[str]]:
     info = _job(job_id)
     files = sorted((info.dir / "logs").glob("*.log")) + [info.dir / "monitor.log"]
-    out = {}
-    for path in files:
-        if path.is_file():
-            with open(path, errors="replace") as fh:
-                out[path.stem if path.parent.name == "logs" else "monitor"] = [l.rstrip("\n") for l in deque(fh, lines)]
-    return out
+    return {path.stem if path.parent.name == "logs" else "monitor": tail(path, lines) for path in files
+            if path.is_file()}  # fmt: skip
+
+
+def tail(path: Path, lines: int) -> list[str]:
+    """The last `lines` lines of a log, from at most its last MAX_LOG_BYTES, each cut to
+    MAX_LOG_LINE characters (marked LINE_CUT; a first line whose start was not read is
+    marked START_CUT)."""
+    with open(path, "rb") as fh:
+        data, whole = _end_of(fh, lines)
+    parts = _NEWLINE.split(data)
+    if parts[-1] == b"":
+        parts.pop()  # the file ends with a newline: no line after it
+    first = max(0, len(parts) - lines)
+    return [_shown(raw, start_cut=i == 0 and not whole) for i, raw in enumerate(parts[first:], first)]
+
+
+def _end_of(fh: BinaryIO, lines: int) -> tuple[bytes, bool]:
+    """The end of an open file back to the newline before its last `lines` lines, or
+    MAX_LOG_BYTES of it, whichever is shorter; True when that is the whole file."""
+    end = fh.seek(0, os.SEEK_END)
+    start, data = end, b""
+    while start > 0 and end - start < MAX_LOG_BYTES and len(_NEWLINE.findall(data)) <= lines:
+        step = min(_BLOCK, start, MAX_LOG_BYTES - (end - start))
+        start -= step
+        fh.seek(start)
+        data = fh.read(step) + data
+    return data, start == 0
+
+
+def _shown(raw: bytes, start_cut: bool) -> str:
+    text = raw.decode("utf-8", errors="replace")
+    if len(text) > MAX_LOG_LINE:
+        text = text[:MAX_LOG_LINE] + LINE_CUT
+    return START_CUT + text if start_cut else text
 
 
 def _static(name: str) -> Path | None:
