@@ -440,3 +440,16 @@ def test_dashboard_log_tails_are_read_from_the_end_and_bounded(stored_job, dashb
     assert tails["a"][30:] == [f"end {i}" for i in range(20)]
     # b: only the end of its last line, whose start lies too far back, marked at both ends
     assert tails["b"] == [START_CUT + "y" * MAX_LOG_LINE + LINE_CUT]
+
+
+def test_top_and_report_of_a_store_that_is_no_database_say_so_in_one_line(tmp_path, dtrain_cmd):
+    """A metrics.sqlite damaged or replaced by another file gave a sqlite3 traceback."""
+    import subprocess
+
+    job_dir = tmp_path / "20261202-150000-bad0"
+    job_dir.mkdir()
+    (job_dir / "metrics.sqlite").write_text("not a database at all\n" * 200)
+    for args in (["top", "--once", str(job_dir)], ["report", str(job_dir), "--out", str(tmp_path / "rep")]):
+        res = subprocess.run([*dtrain_cmd, *args], capture_output=True, text=True, timeout=120)
+        assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr[-800:]
+        assert "metrics.sqlite cannot be read as the job's metrics (file is not a database)" in res.stderr, res.stderr

@@ -6,10 +6,26 @@ they work while the job runs and after its cluster is gone.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
 import typer
+
+
+@contextmanager
+def _store_read(metrics: Path) -> Iterator[None]:
+    """A metrics.sqlite that is damaged or no SQLite file at all: one line, not a traceback."""
+    import sqlite3
+
+    from dtrain.errors import DtrainError
+
+    try:
+        yield
+    except sqlite3.DatabaseError as exc:
+        raise DtrainError(f"{metrics} cannot be read as the job's metrics ({exc})",
+                          f"it is damaged or not a dtrain metrics store; the job's logs are in {metrics.parent / 'logs'}") from None
 
 
 def top(
@@ -25,17 +41,18 @@ def top(
 
     info = resolve(job)
     console = Console()
-    if once:
-        store = info.open()
+    with _store_read(info.metrics):
+        if once:
+            store = info.open()
+            try:
+                console.print(render(store, info))
+            finally:
+                store.close()
+            return
         try:
-            console.print(render(store, info))
-        finally:
-            store.close()
-        return
-    try:
-        run_live(info, console, refresh_s=interval)
-    except KeyboardInterrupt:
-        pass
+            run_live(info, console, refresh_s=interval)
+        except KeyboardInterrupt:
+            pass
 
 
 def dashboard(
@@ -71,7 +88,8 @@ def report(
 
     info = resolve(job)
     target = out if out is not None else info.dir / "report"
-    summary = write_report(info, target)
+    with _store_read(info.metrics):
+        summary = write_report(info, target)
     tot = summary["totals"]
     typer.echo(f"wrote {target / 'report.html'} and summary.json: {tot['nodes']} nodes, {tot['ranks']} ranks, "
                f"{tot['node_hours']:.2f} node-hours, {tot['gpu_hours']:.2f} GPU-hours, "
