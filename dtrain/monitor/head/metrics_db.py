@@ -166,6 +166,7 @@ class MetricsDB:
         return _columns(self._rows("rank_samples", "SELECT * FROM rank_samples WHERE t > ? ORDER BY t", (since,)),
                         ("node", "rank"))  # fmt: skip
 
+
 def _readonly_uri(path: Path) -> str:
     """A read-only SQLite URI for `path`, percent-encoded: pasted in as it is, a `#` in
     a copied job's folder name ended the path (and SQLite created an empty file at the
