@@ -32,7 +32,6 @@ from pydantic import BaseModel, Field
 from dtrain import __version__
 from dtrain.configio import StrictModel
 from dtrain.serve.batching import MicroBatcher
-from dtrain.serve.predictor import NOT_A_NUMBER
 from dtrain.serve.images import (
     DEFAULT_MAX_DECODE_BYTES,
     DEFAULT_MAX_PIXELS,
@@ -204,9 +203,9 @@ def create_app(predictor, limits: ServeLimits | None = None) -> FastAPI:
             # than the image in hand (it went on through every image after a 504), and its
             # images waiting for the budget leave their turn to other requests.
             budget.abandon(abandoned)
-        unjudged = [name for (name, _), r in zip(blobs, results, strict=True) if r.error]
+        unjudged = [(name, r.error) for (name, _), r in zip(blobs, results, strict=True) if r.error]
         if unjudged:  # a broken network: no part of the request is passed on as judged
-            raise HTTPException(500, f"{', '.join(unjudged[:5])}: {NOT_A_NUMBER}")
+            raise HTTPException(500, f"{', '.join(name for name, _ in unjudged[:5])}: {unjudged[0][1]}")
         for r in results:
             verdicts.labels(r.verdict).inc()
         return InspectResponse(

@@ -60,16 +60,14 @@ def head_deadline_protocol(client_timeout_s: float) -> type[H11Protocol]:
     return HeadDeadline
 
 
-def raise_open_file_limit() -> int:
-    """Raise the soft limit on open files to the hard one; returns the limit now in force."""
+def raise_open_file_limit() -> None:
+    """Raise the soft limit on open files to the hard one (2**20 where the hard one is unlimited)."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or hard > soft:
-        target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+    target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+    if target > soft:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            return target
-        except (ValueError, OSError):  # a container may refuse even its own hard limit
-            return soft
-    return soft
+        except (ValueError, OSError):  # a container may refuse even its own hard limit: keep the soft one
+            pass

@@ -134,9 +134,10 @@ class Collector:
             try:
                 # One slow node is a miss for that node: the poll goes on for the others.
                 snap = st.fetch.result(timeout=max(0.0, deadline - time.monotonic()))
-                if not isinstance(snap, dict) or snap.get("job") != self.job_id:
-                    raise _OtherJob(f"the agent there belongs to job {snap.get('job')!r}" if isinstance(snap, dict)
-                                    else "the answer is not an agent's snapshot")
+                if not isinstance(snap, dict):
+                    raise ValueError("the answer is not an agent's snapshot")
+                if snap.get("job") != self.job_id:
+                    raise _OtherJob(f"the agent there belongs to job {snap.get('job')!r}")
                 # Read whole before it counts: a snapshot of another shape is this node's miss,
                 # not a poll lost for every node.
                 host = snap.get("host") or {}
@@ -246,11 +247,7 @@ def _reason(exc: Exception) -> str:
 def _node_row(host: dict[str, Any]) -> dict[str, Any]:
     disk = host.get("disk") or {}
     job = host.get("job") or {}
-    return {k: number(v) for k, v in _node_values(host, disk, job).items()}
-
-
-def _node_values(host: dict[str, Any], disk: dict[str, Any], job: dict[str, Any]) -> dict[str, Any]:
-    return {
+    values = {
         "cpu": host.get("cpu"),
         "mem_used": host.get("mem_used"),
         "mem_total": host.get("mem_total"),
@@ -264,6 +261,7 @@ def _node_values(host: dict[str, Any], disk: dict[str, Any], job: dict[str, Any]
         "job_rss": job.get("rss"),
         "job_procs": job.get("processes"),
     }
+    return {k: number(v) for k, v in values.items()}
 
 
 def _detail(host: dict[str, Any]) -> dict[str, Any]:
